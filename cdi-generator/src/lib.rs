@@ -1,0 +1,1 @@
+//! tessera-cdi-generator (see its issue).

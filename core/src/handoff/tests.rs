@@ -1,0 +1,252 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::request::ContainerRole;
+
+fn keys() -> SigningKeys {
+    SigningKeys::new(
+        "k2",
+        [("k1".to_string(), vec![1u8; 32]), ("k2".to_string(), vec![2u8; 40])],
+    )
+    .unwrap()
+}
+
+fn sample() -> Allocation {
+    let mut a = Allocation::new("node-a", "uid-1");
+    a.core_limit = Some(60);
+    a.containers.push(ContainerAllocation {
+        name: "train".into(),
+        role: ContainerRole::App,
+        devices: vec![
+            AllocatedDevice::Gpu {
+                uuid: "GPU-aaa".into(),
+                index: 0,
+                minor: 0,
+                core_percent: 30,
+                memory_mib: 8192,
+                exclusive: false,
+            },
+            AllocatedDevice::Mig {
+                uuid: "MIG-bbb".into(),
+                profile: "1g.5gb".parse().unwrap(),
+                parent_uuid: "GPU-ccc".into(),
+                parent_index: 1,
+                gi: 9,
+                ci: 0,
+            },
+        ],
+    });
+    a
+}
+
+#[test]
+fn sign_then_verify_round_trips() {
+    let k = keys();
+    let s = k.sign(&sample());
+    assert!(s.signature.starts_with("v1.k2."));
+    let back = k
+        .verify(Some(&s.allocation), Some(&s.signature), "node-a", "uid-1")
+        .unwrap();
+    assert_eq!(back, sample());
+}
+
+#[test]
+fn each_failure_has_its_own_error() {
+    let k = keys();
+    let s = k.sign(&sample());
+    let v = |a: Option<&str>, sig: Option<&str>, node: &str, uid: &str| k.verify(a, sig, node, uid).unwrap_err();
+
+    assert_eq!(v(None, Some(&s.signature), "node-a", "uid-1"), HandoffError::Missing);
+    assert_eq!(
+        v(Some(&s.allocation), None, "node-a", "uid-1"),
+        HandoffError::MissingSignature
+    );
+    assert!(matches!(
+        v(Some(&s.allocation), Some("garbage"), "node-a", "uid-1"),
+        HandoffError::MalformedSignature { .. }
+    ));
+    assert!(matches!(
+        v(Some(&s.allocation), Some("v1.k2.!!"), "node-a", "uid-1"),
+        HandoffError::MalformedSignature { .. }
+    ));
+    let other_key = s.signature.replacen("v1.k2.", "v1.k9.", 1);
+    assert_eq!(
+        v(Some(&s.allocation), Some(&other_key), "node-a", "uid-1"),
+        HandoffError::UnknownKey { key_id: "k9".into() }
+    );
+    // A user edits the allocation by hand (more compute) and keeps the old signature.
+    let forged = s.allocation.replace("\"core_percent\":30", "\"core_percent\":100");
+    assert_ne!(forged, s.allocation);
+    assert_eq!(
+        v(Some(&forged), Some(&s.signature), "node-a", "uid-1"),
+        HandoffError::BadSignature { key_id: "k2".into() }
+    );
+    // Signed by the same key id but a different secret (another cluster).
+    let stranger = SigningKeys::new("k2", [("k2".to_string(), vec![7u8; 32])]).unwrap();
+    let foreign = stranger.sign(&sample());
+    assert_eq!(
+        v(Some(&foreign.allocation), Some(&foreign.signature), "node-a", "uid-1"),
+        HandoffError::BadSignature { key_id: "k2".into() }
+    );
+
+    assert_eq!(
+        v(Some(&s.allocation), Some(&s.signature), "node-b", "uid-1"),
+        HandoffError::WrongNode {
+            expected: "node-b".into(),
+            found: "node-a".into()
+        }
+    );
+    assert_eq!(
+        v(Some(&s.allocation), Some(&s.signature), "node-a", "uid-2"),
+        HandoffError::WrongPod {
+            expected: "uid-2".into(),
+            found: "uid-1".into()
+        }
+    );
+    let mut future = sample();
+    future.version = 2;
+    let f = k.sign(&future);
+    assert_eq!(
+        v(Some(&f.allocation), Some(&f.signature), "node-a", "uid-1"),
+        HandoffError::UnsupportedVersion { found: 2, supported: 1 }
+    );
+}
+
+#[test]
+fn rotated_keys_still_verify_until_removed() {
+    let old = SigningKeys::new("k1", [("k1".to_string(), vec![1u8; 32])]).unwrap();
+    let s = old.sign(&sample());
+    assert!(
+        keys()
+            .verify(Some(&s.allocation), Some(&s.signature), "node-a", "uid-1")
+            .is_ok()
+    );
+    let only_new = SigningKeys::new("k2", [("k2".to_string(), vec![2u8; 40])]).unwrap();
+    assert_eq!(
+        only_new
+            .verify(Some(&s.allocation), Some(&s.signature), "node-a", "uid-1")
+            .unwrap_err(),
+        HandoffError::UnknownKey { key_id: "k1".into() }
+    );
+}
+
+#[test]
+fn signed_but_inconsistent_content_is_malformed() {
+    let k = keys();
+    let mut a = sample();
+    a.containers.push(a.containers[0].clone());
+    let s = k.sign(&a);
+    assert!(matches!(
+        k.verify(Some(&s.allocation), Some(&s.signature), "node-a", "uid-1"),
+        Err(HandoffError::Malformed { .. })
+    ));
+}
+
+#[test]
+fn key_sets_are_validated() {
+    assert!(matches!(
+        SigningKeys::new("a", [("a".to_string(), vec![0; 8])]),
+        Err(KeyError::TooShort { .. })
+    ));
+    assert!(matches!(
+        SigningKeys::new("a b", [("a b".to_string(), vec![0; 32])]),
+        Err(KeyError::BadKeyId(_))
+    ));
+    assert!(matches!(
+        SigningKeys::new("x", [("a".to_string(), vec![0; 32])]),
+        Err(KeyError::NoActiveKey(_))
+    ));
+}
+
+#[test]
+fn keys_load_from_a_secret_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("active"), "k2\n").unwrap();
+    std::fs::write(dir.path().join("k1"), [b'x'; 32]).unwrap();
+    std::fs::write(dir.path().join("k2"), format!("{}\n", "y".repeat(32))).unwrap();
+    std::fs::create_dir(dir.path().join("..2026_11_22")).unwrap();
+    let k = SigningKeys::from_dir(dir.path()).unwrap();
+    assert_eq!(k.active_key_id(), "k2");
+    let expected = SigningKeys::new("k2", [("k2".to_string(), vec![b'y'; 32])]).unwrap();
+    assert_eq!(k.sign(&sample()), expected.sign(&sample()));
+    assert!(format!("{k:?}").contains("k1"), "debug lists key ids");
+    assert!(!format!("{k:?}").contains("yyyy"), "debug never prints key bytes");
+}
+
+fn arb_device() -> impl Strategy<Value = AllocatedDevice> {
+    prop_oneof![
+        ("[a-f0-9]{8}", 0u32..16, 1u32..=100, 1u64..100_000, any::<bool>()).prop_map(|(u, i, c, m, ex)| {
+            AllocatedDevice::Gpu {
+                uuid: format!("GPU-{u}"),
+                index: i,
+                minor: i,
+                core_percent: if ex { 100 } else { c },
+                memory_mib: m,
+                exclusive: ex,
+            }
+        }),
+        ("[a-f0-9]{8}", 0u32..16, 0u32..15).prop_map(|(u, i, gi)| AllocatedDevice::Mig {
+            uuid: format!("MIG-{u}"),
+            profile: "1g.10gb".parse().unwrap(),
+            parent_uuid: "GPU-p".into(),
+            parent_index: i,
+            gi,
+            ci: 0,
+        }),
+    ]
+}
+
+fn arb_allocation() -> impl Strategy<Value = Allocation> {
+    (
+        "[a-z0-9.-]{1,20}",
+        "[a-f0-9-]{1,36}",
+        proptest::option::of(1u32..=100),
+        proptest::collection::vec(("[a-z0-9-]{1,12}", proptest::collection::vec(arb_device(), 0..4)), 0..4),
+    )
+        .prop_map(|(node, uid, limit, containers)| {
+            let mut a = Allocation::new(node, uid);
+            a.core_limit = limit;
+            let mut names = std::collections::BTreeSet::new();
+            for (name, mut devices) in containers {
+                if names.insert(name.clone()) {
+                    let mut seen = std::collections::BTreeSet::new();
+                    devices.retain(|d| seen.insert(d.uuid().to_string()));
+                    a.containers.push(ContainerAllocation {
+                        name,
+                        role: ContainerRole::App,
+                        devices,
+                    });
+                }
+            }
+            a
+        })
+}
+
+proptest! {
+    #[test]
+    fn codec_round_trips(a in arb_allocation()) {
+        let k = keys();
+        let s = k.sign(&a);
+        prop_assert_eq!(Allocation::decode(&s.allocation).unwrap(), a.clone());
+        prop_assert_eq!(k.verify(Some(&s.allocation), Some(&s.signature), &a.node, &a.pod_uid).unwrap(), a);
+    }
+
+    #[test]
+    fn any_change_to_the_bytes_is_refused(a in arb_allocation(), pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
+        let k = keys();
+        let s = k.sign(&a);
+        let mut bytes = s.allocation.clone().into_bytes();
+        let i = pos.index(bytes.len());
+        prop_assume!(bytes[i] != byte);
+        bytes[i] = byte;
+        let tampered = String::from_utf8_lossy(&bytes).into_owned();
+        prop_assume!(tampered != s.allocation);
+        prop_assert!(k.verify(Some(&tampered), Some(&s.signature), &a.node, &a.pod_uid).is_err());
+    }
+
+    #[test]
+    fn verify_never_panics(value in ".{0,200}", sig in ".{0,80}") {
+        let _ = keys().verify(Some(&value), Some(&sig), "n", "u");
+        let _ = Allocation::decode(&value);
+    }
+}

@@ -1,0 +1,56 @@
+//! The `tessera.io/inventory` node annotation: what the extender needs of a node's inventory.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Gpu, InventoryError, NodeInventory};
+
+/// Current version of the published inventory format.
+pub const INVENTORY_VERSION: u32 = 1;
+
+/// The inventory as published on the Node object (GPUs only: the cluster needs no driver paths).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishedInventory {
+    /// Format version; readers reject versions they do not know.
+    pub version: u32,
+    /// Kernel driver version.
+    pub driver_version: String,
+    /// GPUs with their health and MIG devices.
+    pub gpus: Vec<Gpu>,
+}
+
+impl PublishedInventory {
+    /// The published view of an inventory.
+    pub fn of(inventory: &NodeInventory) -> Self {
+        Self {
+            version: INVENTORY_VERSION,
+            driver_version: inventory.driver_version.clone(),
+            gpus: inventory.gpus.clone(),
+        }
+    }
+
+    /// Encodes the annotation value.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).expect("inventory serializes")
+    }
+
+    /// Decodes an annotation value, rejecting unknown versions.
+    pub fn decode(value: &str) -> Result<Self, InventoryError> {
+        #[derive(Deserialize)]
+        struct Versioned {
+            version: u32,
+        }
+        let invalid = |reason: String| InventoryError::Invalid {
+            field: crate::names::ANNOTATION_INVENTORY.to_string(),
+            value: value.chars().take(80).collect(),
+            reason,
+        };
+        let v: Versioned = serde_json::from_str(value).map_err(|e| invalid(e.to_string()))?;
+        if v.version != INVENTORY_VERSION {
+            return Err(invalid(format!(
+                "unsupported version {} (this build reads {INVENTORY_VERSION})",
+                v.version
+            )));
+        }
+        serde_json::from_str(value).map_err(|e| invalid(e.to_string()))
+    }
+}

@@ -1,0 +1,44 @@
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// Why the inventory could not be read.
+#[derive(Debug, Error)]
+pub enum InventoryError {
+    /// A fixture file could not be read.
+    #[error("cannot read fixture {path}")]
+    ReadFixture {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A fixture file is not valid YAML of the fixture schema.
+    #[error("fixture {path} is malformed: {reason}")]
+    ParseFixture { path: PathBuf, reason: String },
+    /// Inconsistent inventory content.
+    #[error("inventory field {field}={value:?} is invalid: {reason}")]
+    Invalid {
+        field: String,
+        value: String,
+        reason: String,
+    },
+    /// The NVML library could not be loaded.
+    #[error(
+        "NVML is not available (is the NVIDIA driver installed and libnvidia-ml.so.1 on the library path?): {reason}"
+    )]
+    NvmlUnavailable { reason: String },
+    /// An NVML call failed.
+    #[error("NVML call {call} failed: {reason}")]
+    Nvml { call: String, reason: String },
+    /// `/proc/driver/nvidia-caps/mig-minors` content is malformed or lacks an entry.
+    #[error("MIG minors {path}: {reason}")]
+    MigMinors { path: PathBuf, reason: String },
+    /// A file-system operation failed.
+    #[error("{op} {path}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,277 @@
+//! A YAML file describing a fake node: the inventory source for tests and GPU-less machines.
+//!
+//! ```yaml
+//! node: fixture-a100-mig          # informational
+//! driver_version: "550.54.15"
+//! cuda_version: "12.4"
+//! driver_root: /                  # optional; the CLI can override it
+//! mps_pipe_dir: /run/nvidia/mps   # optional
+//! majors: { nvidia: 195, nvidia_uvm: 508, nvidia_caps: 509 }
+//! mig_minors: |                   # the text of /proc/driver/nvidia-caps/mig-minors
+//!   gpu0/gi2/access 21
+//!   gpu0/gi2/ci0/access 22
+//! gpus:
+//!   - { index: 0, minor: 0, uuid: GPU-..., model: NVIDIA A100-SXM4-40GB, memory_mib: 40960,
+//!       numa_node: 0, pci_bus_id: "0000:07:00.0", mig_enabled: true,
+//!       mig_devices: [ { index: 0, uuid: MIG-..., gi: 2, ci: 0, profile: 3g.20gb, memory_mib: 19968 } ] }
+//! driver_files: { libraries: [...], binaries: [...], firmware: [...], configs: [...], sockets: [...] }
+//! health_events: [ { uuid: GPU-..., xid: 79 } ]   # injected for device-plugin tests
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    DeviceNode, DriverFile, DriverFileKind, Gpu, Health, InventoryError, InventorySource, MigDevice, MigMinors,
+    NodeInventory,
+};
+use crate::mig::MigProfile;
+
+/// Fixtures compiled into the binaries, by name.
+pub const BUILTIN_FIXTURES: &[(&str, &str)] = &[
+    ("h100x8", include_str!("../../fixtures/h100x8.yaml")),
+    ("a100-mig", include_str!("../../fixtures/a100-mig.yaml")),
+    ("t4x2", include_str!("../../fixtures/t4x2.yaml")),
+];
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Majors {
+    nvidia: u32,
+    nvidia_uvm: u32,
+    #[serde(default)]
+    nvidia_caps: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FixtureMig {
+    index: u32,
+    uuid: String,
+    gi: u32,
+    ci: u32,
+    profile: MigProfile,
+    memory_mib: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FixtureGpu {
+    index: u32,
+    #[serde(default)]
+    minor: Option<u32>,
+    uuid: String,
+    model: String,
+    memory_mib: u64,
+    #[serde(default)]
+    numa_node: Option<u32>,
+    pci_bus_id: String,
+    #[serde(default)]
+    health: Health,
+    #[serde(default)]
+    mig_enabled: bool,
+    #[serde(default)]
+    mig_devices: Vec<FixtureMig>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FixtureDriverFiles {
+    #[serde(default)]
+    libraries: Vec<PathBuf>,
+    #[serde(default)]
+    binaries: Vec<PathBuf>,
+    #[serde(default)]
+    firmware: Vec<PathBuf>,
+    #[serde(default)]
+    configs: Vec<PathBuf>,
+    #[serde(default)]
+    sockets: Vec<PathBuf>,
+}
+
+/// A health event injected by a fixture (stands in for an NVML XID event).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthEvent {
+    /// The GPU (or MIG device) UUID the event is about.
+    pub uuid: String,
+    /// The XID error code.
+    pub xid: u64,
+}
+
+/// A parsed fixture file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fixture {
+    #[serde(default)]
+    node: Option<String>,
+    driver_version: String,
+    #[serde(default)]
+    cuda_version: Option<String>,
+    #[serde(default)]
+    driver_root: Option<PathBuf>,
+    #[serde(default)]
+    mps_pipe_dir: Option<PathBuf>,
+    majors: Majors,
+    #[serde(default)]
+    mig_minors: String,
+    gpus: Vec<FixtureGpu>,
+    #[serde(default)]
+    driver_files: FixtureDriverFiles,
+    /// Health events to inject, in order.
+    #[serde(default)]
+    pub health_events: Vec<HealthEvent>,
+}
+
+fn char_dev(path: impl Into<PathBuf>, major: u32, minor: u32) -> DeviceNode {
+    DeviceNode {
+        path: path.into(),
+        major,
+        minor,
+    }
+}
+
+/// Path of MIG capability device `minor`.
+pub(crate) fn cap_path(minor: u32) -> PathBuf {
+    PathBuf::from(format!("/dev/nvidia-caps/nvidia-cap{minor}"))
+}
+
+impl Fixture {
+    /// Parses fixture YAML; `source` names it in errors.
+    pub fn parse(text: &str, source: &Path) -> Result<Self, InventoryError> {
+        serde_yaml::from_str(text).map_err(|e| InventoryError::ParseFixture {
+            path: source.to_path_buf(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// A fixture compiled into the binary, by name (`h100x8`, `a100-mig`, `t4x2`).
+    pub fn builtin(name: &str) -> Option<Self> {
+        BUILTIN_FIXTURES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(n, text)| Self::parse(text, Path::new(n)).expect("built-in fixtures are valid"))
+    }
+
+    /// The node name the fixture describes, if it gives one.
+    pub fn node_name(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+
+    /// Builds the inventory. `driver_root` overrides the fixture's (tests point it at a temp dir).
+    pub fn to_inventory(&self, source: &Path, driver_root: Option<&Path>) -> Result<NodeInventory, InventoryError> {
+        let majors = &self.majors;
+        let minors = MigMinors::parse(&self.mig_minors, &source.join("mig_minors"))?;
+        let mut gpus = Vec::with_capacity(self.gpus.len());
+        for g in &self.gpus {
+            let minor = g.minor.unwrap_or(g.index);
+            let mut mig_devices = Vec::new();
+            for m in &g.mig_devices {
+                let caps_major = majors.nvidia_caps.ok_or_else(|| InventoryError::Invalid {
+                    field: "majors.nvidia_caps".into(),
+                    value: "missing".into(),
+                    reason: "required when a GPU has MIG devices".into(),
+                })?;
+                let gm = minors.gi_access(minor, m.gi)?;
+                let cm = minors.ci_access(minor, m.gi, m.ci)?;
+                mig_devices.push(MigDevice {
+                    index: m.index,
+                    uuid: m.uuid.clone(),
+                    gi: m.gi,
+                    ci: m.ci,
+                    profile: m.profile.clone(),
+                    memory_mib: m.memory_mib,
+                    gi_access: char_dev(cap_path(gm), caps_major, gm),
+                    ci_access: char_dev(cap_path(cm), caps_major, cm),
+                });
+            }
+            gpus.push(Gpu {
+                index: g.index,
+                minor,
+                uuid: g.uuid.clone(),
+                model: g.model.clone(),
+                memory_mib: g.memory_mib,
+                numa_node: g.numa_node,
+                pci_bus_id: g.pci_bus_id.clone(),
+                health: g.health.clone(),
+                device: char_dev(format!("/dev/nvidia{minor}"), majors.nvidia, minor),
+                mig_enabled: g.mig_enabled || !g.mig_devices.is_empty(),
+                mig_devices,
+            });
+        }
+        gpus.sort_by_key(|g| g.index);
+        let files = &self.driver_files;
+        let mut driver_files: Vec<DriverFile> = [
+            (&files.libraries, DriverFileKind::Library),
+            (&files.binaries, DriverFileKind::Binary),
+            (&files.firmware, DriverFileKind::Firmware),
+            (&files.configs, DriverFileKind::Config),
+            (&files.sockets, DriverFileKind::Socket),
+        ]
+        .into_iter()
+        .flat_map(|(paths, kind)| paths.iter().map(move |p| DriverFile { path: p.clone(), kind }))
+        .collect();
+        driver_files.sort();
+        let inventory = NodeInventory {
+            driver_version: self.driver_version.clone(),
+            cuda_version: self.cuda_version.clone(),
+            gpus,
+            control_devices: vec![
+                char_dev("/dev/nvidiactl", majors.nvidia, 255),
+                char_dev("/dev/nvidia-modeset", majors.nvidia, 254),
+                char_dev("/dev/nvidia-uvm", majors.nvidia_uvm, 0),
+                char_dev("/dev/nvidia-uvm-tools", majors.nvidia_uvm, 1),
+            ],
+            driver_root: driver_root
+                .map(Path::to_path_buf)
+                .or_else(|| self.driver_root.clone())
+                .unwrap_or_else(|| PathBuf::from("/")),
+            driver_files,
+            mps_pipe_dir: self.mps_pipe_dir.clone(),
+        };
+        inventory.validate()?;
+        Ok(inventory)
+    }
+}
+
+/// Reads a fixture file (or a built-in fixture) on every [`InventorySource::discover`], so a
+/// test can rewrite it to simulate MIG reconfiguration or a driver upgrade.
+#[derive(Debug, Clone)]
+pub struct FixtureSource {
+    /// A file path, or the name of a built-in fixture.
+    pub fixture: PathBuf,
+    /// Overrides the fixture's driver root.
+    pub driver_root: Option<PathBuf>,
+}
+
+impl FixtureSource {
+    /// A source for `fixture` (a path or a built-in name).
+    pub fn new(fixture: impl Into<PathBuf>) -> Self {
+        Self {
+            fixture: fixture.into(),
+            driver_root: None,
+        }
+    }
+
+    /// Reads and parses the fixture.
+    pub fn load(&self) -> Result<Fixture, InventoryError> {
+        if !self.fixture.exists()
+            && let Some(name) = self.fixture.to_str()
+            && let Some(f) = Fixture::builtin(name)
+        {
+            return Ok(f);
+        }
+        let text = std::fs::read_to_string(&self.fixture).map_err(|source| InventoryError::ReadFixture {
+            path: self.fixture.clone(),
+            source,
+        })?;
+        Fixture::parse(&text, &self.fixture)
+    }
+}
+
+impl InventorySource for FixtureSource {
+    fn discover(&self) -> Result<NodeInventory, InventoryError> {
+        self.load()?.to_inventory(&self.fixture, self.driver_root.as_deref())
+    }
+}

@@ -1,0 +1,281 @@
+//! The node's GPU inventory: cards, MIG devices, device nodes and driver files.
+//!
+//! Two sources sit behind [`InventorySource`]: [`NvmlSource`] (real hardware) and
+//! [`FixtureSource`] (a YAML file describing a fake node, for tests and machines without a GPU).
+
+mod annotation;
+mod devnodes;
+mod error;
+mod fixture;
+mod mig_minors;
+mod nvml;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::mig::MigProfile;
+
+pub use annotation::{INVENTORY_VERSION, PublishedInventory};
+pub use devnodes::create_device_nodes;
+pub use error::InventoryError;
+pub use fixture::{BUILTIN_FIXTURES, Fixture, FixtureSource, HealthEvent};
+pub use mig_minors::MigMinors;
+pub use nvml::NvmlSource;
+
+/// Anything that can tell what GPUs a node has.
+pub trait InventorySource {
+    /// Reads the node's inventory now.
+    fn discover(&self) -> Result<NodeInventory, InventoryError>;
+}
+
+/// A character device node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct DeviceNode {
+    /// Path, the same on the host and in the container (`/dev/nvidia0`).
+    pub path: PathBuf,
+    /// Major number.
+    pub major: u32,
+    /// Minor number.
+    pub minor: u32,
+}
+
+/// Whether a GPU may be handed out.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "lowercase")]
+pub enum Health {
+    /// Usable.
+    #[default]
+    Healthy,
+    /// Not usable, with why (e.g. "XID 79").
+    Unhealthy {
+        /// What made it unhealthy.
+        reason: String,
+    },
+}
+
+impl Health {
+    /// True when healthy.
+    pub fn is_healthy(&self) -> bool {
+        matches!(self, Health::Healthy)
+    }
+}
+
+/// One MIG device (a compute instance inside a GPU instance).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigDevice {
+    /// Position among the parent's MIG devices (`<gpu>:<index>` in CDI names).
+    pub index: u32,
+    /// `MIG-<uuid>`.
+    pub uuid: String,
+    /// GPU instance id.
+    pub gi: u32,
+    /// Compute instance id.
+    pub ci: u32,
+    /// Profile, e.g. `1g.10gb`.
+    pub profile: MigProfile,
+    /// Memory in MiB.
+    pub memory_mib: u64,
+    /// `/dev/nvidia-caps/nvidia-cap<m>` for GI access.
+    pub gi_access: DeviceNode,
+    /// `/dev/nvidia-caps/nvidia-cap<m>` for CI access.
+    pub ci_access: DeviceNode,
+}
+
+/// One physical GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    /// NVML index.
+    pub index: u32,
+    /// Device minor (`/dev/nvidia<minor>`).
+    pub minor: u32,
+    /// `GPU-<uuid>`.
+    pub uuid: String,
+    /// Model name as NVML reports it (`NVIDIA A100-SXM4-40GB`).
+    pub model: String,
+    /// Total memory in MiB.
+    pub memory_mib: u64,
+    /// NUMA node, when known.
+    pub numa_node: Option<u32>,
+    /// PCI bus id (`0000:07:00.0`).
+    pub pci_bus_id: String,
+    /// Health.
+    #[serde(default)]
+    pub health: Health,
+    /// `/dev/nvidia<minor>`.
+    pub device: DeviceNode,
+    /// MIG mode is on: the card is not offered whole.
+    #[serde(default)]
+    pub mig_enabled: bool,
+    /// MIG devices (only when `mig_enabled`).
+    #[serde(default)]
+    pub mig_devices: Vec<MigDevice>,
+}
+
+impl Gpu {
+    /// True when `constraint` (one entry of `tessera.io/gpu-model`) names this GPU's model:
+    /// equal ignoring case and a leading `NVIDIA `, or a prefix of it ending at `-` or a space
+    /// (`A100` matches `NVIDIA A100-SXM4-40GB`, not `A1000`).
+    pub fn model_matches(&self, constraint: &str) -> bool {
+        model_matches(&self.model, constraint)
+    }
+}
+
+/// See [`Gpu::model_matches`].
+pub fn model_matches(model: &str, constraint: &str) -> bool {
+    let strip = |s: &str| {
+        let s = s.trim();
+        match s.get(..7) {
+            Some(p) if p.eq_ignore_ascii_case("nvidia ") => s[7..].to_ascii_lowercase(),
+            _ => s.to_ascii_lowercase(),
+        }
+    };
+    let (m, c) = (strip(model), strip(constraint));
+    if c.is_empty() {
+        return false;
+    }
+    m == c || (m.starts_with(&c) && matches!(m.as_bytes()[c.len()], b'-' | b' '))
+}
+
+/// What a driver file is, which decides how it is exposed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriverFileKind {
+    /// A shared library (`libcuda.so.550.54.15`).
+    Library,
+    /// A program (`nvidia-smi`).
+    Binary,
+    /// GSP firmware.
+    Firmware,
+    /// A config file (Vulkan/EGL ICDs).
+    Config,
+    /// An IPC socket (persistenced, MPS).
+    Socket,
+}
+
+/// A driver user-space file to expose read-only to GPU containers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct DriverFile {
+    /// Path inside the container (and under the driver root on the host).
+    pub path: PathBuf,
+    /// What it is.
+    pub kind: DriverFileKind,
+}
+
+/// Everything a node component needs to know about the node's GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInventory {
+    /// Kernel driver version (`550.54.15`).
+    pub driver_version: String,
+    /// CUDA driver API version (`12.4`), when known.
+    pub cuda_version: Option<String>,
+    /// GPUs, by index.
+    pub gpus: Vec<Gpu>,
+    /// Control device nodes: nvidiactl, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset.
+    pub control_devices: Vec<DeviceNode>,
+    /// Host directory the driver files live under (`/` on a normal host, `/run/nvidia/driver`
+    /// with the GPU operator's driver container).
+    pub driver_root: PathBuf,
+    /// Driver files to mount read-only.
+    pub driver_files: Vec<DriverFile>,
+    /// MPS pipe directory when the node runs an MPS control daemon.
+    #[serde(default)]
+    pub mps_pipe_dir: Option<PathBuf>,
+}
+
+impl NodeInventory {
+    /// Host path of a driver file.
+    pub fn host_path(&self, file: &DriverFile) -> PathBuf {
+        let rel = file.path.strip_prefix("/").unwrap_or(&file.path);
+        self.driver_root.join(rel)
+    }
+
+    /// The GPU with this UUID.
+    pub fn gpu_by_uuid(&self, uuid: &str) -> Option<&Gpu> {
+        self.gpus.iter().find(|g| g.uuid == uuid)
+    }
+
+    /// The MIG device with this UUID and its parent.
+    pub fn mig_by_uuid(&self, uuid: &str) -> Option<(&Gpu, &MigDevice)> {
+        self.gpus
+            .iter()
+            .find_map(|g| g.mig_devices.iter().find(|m| m.uuid == uuid).map(|m| (g, m)))
+    }
+
+    /// Every device node the inventory names (control, GPUs, MIG capabilities).
+    pub fn all_device_nodes(&self) -> BTreeSet<&DeviceNode> {
+        let mut nodes: BTreeSet<&DeviceNode> = self.control_devices.iter().collect();
+        for g in &self.gpus {
+            nodes.insert(&g.device);
+            for m in &g.mig_devices {
+                nodes.insert(&m.gi_access);
+                nodes.insert(&m.ci_access);
+            }
+        }
+        nodes
+    }
+
+    /// Checks the invariants every consumer relies on; the error names the field and value.
+    pub fn validate(&self) -> Result<(), InventoryError> {
+        let invalid = |field: String, value: String, reason: &str| InventoryError::Invalid {
+            field,
+            value,
+            reason: reason.to_string(),
+        };
+        let mut indices = BTreeSet::new();
+        let mut minors = BTreeSet::new();
+        let mut uuids = BTreeSet::new();
+        for (i, g) in self.gpus.iter().enumerate() {
+            let at = |f: &str| format!("gpus[{i}].{f}");
+            if !indices.insert(g.index) {
+                return Err(invalid(at("index"), g.index.to_string(), "duplicate GPU index"));
+            }
+            if !minors.insert(g.minor) {
+                return Err(invalid(at("minor"), g.minor.to_string(), "duplicate device minor"));
+            }
+            if !g.uuid.starts_with("GPU-") || !uuids.insert(g.uuid.clone()) {
+                return Err(invalid(at("uuid"), g.uuid.clone(), "must be a unique GPU-<uuid>"));
+            }
+            if g.memory_mib == 0 {
+                return Err(invalid(at("memory_mib"), "0".into(), "must be positive"));
+            }
+            if !g.mig_enabled && !g.mig_devices.is_empty() {
+                return Err(invalid(
+                    at("mig_devices"),
+                    g.mig_devices.len().to_string(),
+                    "MIG devices on a GPU without MIG mode",
+                ));
+            }
+            let mut ids = BTreeSet::new();
+            let mut mig_indices = BTreeSet::new();
+            for (j, m) in g.mig_devices.iter().enumerate() {
+                let at = |f: &str| format!("gpus[{i}].mig_devices[{j}].{f}");
+                if !m.uuid.starts_with("MIG-") || !uuids.insert(m.uuid.clone()) {
+                    return Err(invalid(at("uuid"), m.uuid.clone(), "must be a unique MIG-<uuid>"));
+                }
+                if !ids.insert((m.gi, m.ci)) {
+                    return Err(invalid(
+                        at("ci"),
+                        format!("gi {} ci {}", m.gi, m.ci),
+                        "duplicate GPU/compute instance",
+                    ));
+                }
+                if !mig_indices.insert(m.index) {
+                    return Err(invalid(at("index"), m.index.to_string(), "duplicate MIG index"));
+                }
+                if m.memory_mib == 0 || m.memory_mib > g.memory_mib {
+                    return Err(invalid(
+                        at("memory_mib"),
+                        m.memory_mib.to_string(),
+                        "must be within the parent's memory",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,158 @@
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
+
+use super::*;
+
+fn builtin(name: &str) -> NodeInventory {
+    FixtureSource::new(name).discover().unwrap()
+}
+
+#[test]
+fn builtin_fixtures_describe_the_promised_nodes() {
+    let h = builtin("h100x8");
+    assert_eq!(h.gpus.len(), 8);
+    assert!(
+        h.gpus
+            .iter()
+            .all(|g| g.memory_mib == 81559 && !g.mig_enabled && g.model == "NVIDIA H100 80GB HBM3")
+    );
+    assert_eq!(h.gpus.iter().filter(|g| g.numa_node == Some(1)).count(), 4);
+
+    let t = builtin("t4x2");
+    assert_eq!(t.gpus.len(), 2);
+    assert!(t.gpus.iter().all(|g| g.model == "Tesla T4"));
+
+    let a = builtin("a100-mig");
+    assert_eq!(a.gpus.len(), 4);
+    let mig_counts: Vec<usize> = a.gpus.iter().map(|g| g.mig_devices.len()).collect();
+    assert_eq!(mig_counts, [4, 7, 2, 0]);
+    assert!(a.gpus[..3].iter().all(|g| g.mig_enabled));
+    assert!(!a.gpus[3].mig_enabled);
+    let profiles: std::collections::BTreeSet<String> = a
+        .gpus
+        .iter()
+        .flat_map(|g| g.mig_devices.iter().map(|m| m.profile.to_string()))
+        .collect();
+    assert_eq!(
+        profiles.into_iter().collect::<Vec<_>>(),
+        ["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb"]
+    );
+}
+
+#[test]
+fn mig_capability_nodes_come_from_the_minors_table() {
+    let a = builtin("a100-mig");
+    let m = &a.gpus[0].mig_devices[0]; // gpu0 gi2 ci0
+    assert_eq!((m.gi, m.ci), (2, 0));
+    assert_eq!(m.gi_access.path, Path::new("/dev/nvidia-caps/nvidia-cap21"));
+    assert_eq!((m.gi_access.major, m.gi_access.minor), (509, 21));
+    assert_eq!(m.ci_access.minor, 22);
+    let (parent, found) = a.mig_by_uuid(&m.uuid).unwrap();
+    assert_eq!((parent.index, found.gi), (0, 2));
+}
+
+#[test]
+fn control_devices_and_driver_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut src = FixtureSource::new("t4x2");
+    src.driver_root = Some(dir.path().to_path_buf());
+    let inv = src.discover().unwrap();
+    let paths: Vec<_> = inv.control_devices.iter().map(|d| d.path.to_str().unwrap()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/dev/nvidiactl",
+            "/dev/nvidia-modeset",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools"
+        ]
+    );
+    let libcuda = inv
+        .driver_files
+        .iter()
+        .find(|f| f.path.ends_with("libcuda.so.550.54.15"))
+        .unwrap();
+    assert_eq!(libcuda.kind, DriverFileKind::Library);
+    assert_eq!(
+        inv.host_path(libcuda),
+        dir.path().join("usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
+    );
+    assert!(
+        inv.driver_files
+            .iter()
+            .any(|f| f.kind == DriverFileKind::Binary && f.path.ends_with("nvidia-smi"))
+    );
+}
+
+#[test]
+fn bad_fixtures_name_the_field() {
+    let text = include_str!("../../fixtures/t4x2.yaml");
+    let dup = text.replacen("index: 1", "index: 0", 1);
+    let e = Fixture::parse(&dup, Path::new("f.yaml"))
+        .unwrap()
+        .to_inventory(Path::new("f.yaml"), None)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("gpus[1].index") && e.to_string().contains("duplicate"),
+        "{e}"
+    );
+
+    let e = Fixture::parse("gpus: 3", Path::new("f.yaml")).unwrap_err();
+    assert!(
+        matches!(e, InventoryError::ParseFixture { .. }) && e.to_string().contains("f.yaml"),
+        "{e}"
+    );
+    let e = Fixture::parse(&text.replace("memory_mib", "memory"), Path::new("f.yaml")).unwrap_err();
+    assert!(e.to_string().contains("memory"), "{e}");
+
+    let e = FixtureSource::new("/nonexistent/fixture.yaml").discover().unwrap_err();
+    assert!(matches!(e, InventoryError::ReadFixture { .. }), "{e}");
+}
+
+#[test]
+fn mig_device_without_minor_entry_is_an_error() {
+    let text = include_str!("../../fixtures/a100-mig.yaml").replace("  gpu0/gi2/access 21\n", "");
+    let e = Fixture::parse(&text, Path::new("a.yaml"))
+        .unwrap()
+        .to_inventory(Path::new("a.yaml"), None)
+        .unwrap_err();
+    assert!(e.to_string().contains("gpu0/gi2/access"), "{e}");
+}
+
+#[test]
+fn published_annotation_round_trips_and_checks_version() {
+    let inv = builtin("a100-mig");
+    let p = PublishedInventory::of(&inv);
+    let back = PublishedInventory::decode(&p.encode()).unwrap();
+    assert_eq!(back, p);
+    assert_eq!(back.gpus, inv.gpus);
+    let e = PublishedInventory::decode(&p.encode().replacen("\"version\":1", "\"version\":7", 1)).unwrap_err();
+    assert!(e.to_string().contains("unsupported version 7"), "{e}");
+    assert!(PublishedInventory::decode("{}").is_err());
+}
+
+#[test]
+fn model_constraints() {
+    let gpu_model = "NVIDIA A100-SXM4-40GB";
+    assert!(model_matches(gpu_model, "A100"));
+    assert!(model_matches(gpu_model, "a100-sxm4-40gb"));
+    assert!(model_matches(gpu_model, "NVIDIA A100-SXM4-40GB"));
+    assert!(!model_matches(gpu_model, "A10"));
+    assert!(!model_matches("NVIDIA A1000", "A100"));
+    assert!(model_matches("Tesla T4", "Tesla"));
+    assert!(model_matches("V100M16", "V100M16"));
+    assert!(!model_matches("V100M16", ""));
+}
+
+#[test]
+fn creates_real_character_devices() {
+    let inv = builtin("a100-mig");
+    let root = tempfile::tempdir().unwrap();
+    let created = create_device_nodes(&inv, root.path()).expect("mknod needs root, as in CI");
+    assert_eq!(created.len(), inv.all_device_nodes().len());
+    let meta = std::fs::metadata(root.path().join("dev/nvidia-caps/nvidia-cap22")).unwrap();
+    assert!(meta.file_type().is_char_device());
+    assert_eq!((libc::major(meta.rdev()), libc::minor(meta.rdev())), (509, 22));
+    // Idempotent: a second run replaces the nodes.
+    create_device_nodes(&inv, root.path()).unwrap();
+}

@@ -1,0 +1,10 @@
+//! Tessera's one shared model: what pods ask for ([`request`]), what nodes have
+//! ([`inventory`]), what the extender decided ([`handoff`]) and how it decides ([`placement`]).
+
+pub mod handoff;
+pub mod inventory;
+pub mod mig;
+pub mod names;
+pub mod policy;
+pub mod quantity;
+pub mod request;

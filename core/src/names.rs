@@ -1,0 +1,33 @@
+//! Names shared by every component: resource names, annotation keys, the CDI kind.
+
+/// Tessera's resource and annotation domain.
+pub const DOMAIN: &str = "tessera.io";
+/// CDI kind (`vendor/class`) of every device in Tessera's CDI spec.
+pub const CDI_KIND: &str = "tessera.io/gpu";
+
+/// Compute, in percent of one GPU (1..=100 share, multiples of 100 = whole cards).
+pub const RESOURCE_GPU_CORE: &str = "tessera.io/gpu-core";
+/// GPU memory, in the cluster's memory unit (default 1 GiB).
+pub const RESOURCE_GPU_MEMORY: &str = "tessera.io/gpu-memory";
+/// Prefix of the MIG resources, followed by the profile (`tessera.io/mig-1g.10gb`).
+pub const RESOURCE_MIG_PREFIX: &str = "tessera.io/mig-";
+
+/// Pod annotation: the signed allocation written by the extender at bind time.
+pub const ANNOTATION_ALLOCATION: &str = "tessera.io/allocation";
+/// Pod annotation: the HMAC signature over [`ANNOTATION_ALLOCATION`]'s exact bytes.
+pub const ANNOTATION_ALLOCATION_SIGNATURE: &str = "tessera.io/allocation-signature";
+/// Node annotation: the node's GPU inventory, published by the cdi-generator.
+pub const ANNOTATION_INVENTORY: &str = "tessera.io/inventory";
+/// Pod annotation: allowed GPU models, `|`-separated.
+pub const ANNOTATION_GPU_MODEL: &str = "tessera.io/gpu-model";
+/// Pod annotation: hard compute ceiling in percent for shares.
+pub const ANNOTATION_CORE_LIMIT: &str = "tessera.io/core-limit";
+/// Pod annotation: node-tier placement policy override.
+pub const ANNOTATION_NODE_POLICY: &str = "tessera.io/node-policy";
+/// Pod annotation: card-tier placement policy override.
+pub const ANNOTATION_GPU_POLICY: &str = "tessera.io/gpu-policy";
+
+/// True for any resource name in Tessera's domain.
+pub fn is_tessera_resource(name: &str) -> bool {
+    name.strip_prefix(DOMAIN).is_some_and(|rest| rest.starts_with('/'))
+}

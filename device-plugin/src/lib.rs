@@ -1,0 +1,1 @@
+//! tessera-device-plugin (see its issue).

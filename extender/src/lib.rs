@@ -1,0 +1,1 @@
+//! tessera-extender (see its issue).

@@ -1,0 +1,1 @@
+//! tessera-nri-plugin (see its issue).

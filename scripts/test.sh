@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs Tessera's whole test suite on a fresh machine: installs what the suite needs, checks
+# formatting and lints, then runs every test of the workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== toolchain: $(cargo --version)"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
