@@ -5,6 +5,7 @@ pub mod handoff;
 pub mod inventory;
 pub mod mig;
 pub mod names;
+pub mod placement;
 pub mod policy;
 pub mod quantity;
 pub mod request;

@@ -1,1 +1,4 @@
-//! tessera-extender (see its issue).
+//! Tessera's cluster-side service: the kube-scheduler HTTP extender and the placement
+//! simulator, both driving `tessera_core::placement`.
+
+pub mod simulate;

@@ -1,10 +1,188 @@
-use clap::Parser;
+use std::path::PathBuf;
+use std::time::Instant;
 
-/// tessera-extender
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use tessera_core::placement::PodDemand;
+use tessera_core::policy::PolicyKind;
+use tessera_extender::simulate::{self, Scenario, chart, embedded, report, trace};
+
+/// Tessera's kube-scheduler extender and placement simulator.
 #[derive(Parser)]
 #[command(version, about)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() {
-    let _ = Cli::parse();
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a cluster trace through the placement engine (the embedded default when no
+    /// trace is given) and compare policies.
+    Simulate(SimulateArgs),
+}
+
+#[derive(Args)]
+struct SimulateArgs {
+    /// Directory of the Alibaba openb CSVs (cluster-trace-gpu-v2023).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Pod list variant in --trace: default, cpu050, gpushare40, gpuspec10, multigpu20.
+    #[arg(long, default_value = "default")]
+    variant: String,
+    /// Node list CSV (overrides --trace's).
+    #[arg(long)]
+    nodes: Option<PathBuf>,
+    /// Pod list CSV (overrides --trace's).
+    #[arg(long)]
+    pods: Option<PathBuf>,
+    /// Policies to compare, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "random,spread,binpack,bestfit,fgd,mosaic"
+    )]
+    policies: Vec<PolicyKind>,
+    /// Seeds: a range `42..51` (inclusive) or a list `42,43`.
+    #[arg(long, default_value = "42..51")]
+    seeds: String,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Directory for the chart (SVG) and, on request, CSV and JSON.
+    #[arg(long, default_value = "target/simulate")]
+    out_dir: PathBuf,
+    /// Also write the per-point means as CSV.
+    #[arg(long)]
+    csv: bool,
+    /// Also write every run's samples as JSON.
+    #[arg(long)]
+    json: bool,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn parse_seeds(s: &str) -> anyhow::Result<Vec<u64>> {
+    let bad = || format!("--seeds={s:?}: expected a range like 42..51 or a list like 42,43");
+    if let Some((a, b)) = s.split_once("..") {
+        let (a, b): (u64, u64) = (a.trim().parse().with_context(bad)?, b.trim().parse().with_context(bad)?);
+        if a > b {
+            bail!(bad());
+        }
+        return Ok((a..=b).collect());
+    }
+    s.split(',')
+        .map(|x| x.trim().parse::<u64>().with_context(bad))
+        .collect()
+}
+
+fn peak_rss_mib() -> f64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes only into the struct it is given.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return f64::NAN;
+    }
+    // SAFETY: initialised by the successful call above (and zeroed before it).
+    let usage = unsafe { usage.assume_init() };
+    usage.ru_maxrss as f64 / 1024.0
+}
+
+fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
+    let seeds = parse_seeds(&args.seeds)?;
+    let nodes_path = args
+        .nodes
+        .clone()
+        .or_else(|| args.trace.as_ref().map(|d| d.join("openb_node_list_gpu_node.csv")));
+    let pods_path = args.pods.clone().or_else(|| {
+        args.trace
+            .as_ref()
+            .map(|d| d.join(format!("openb_pod_list_{}.csv", args.variant)))
+    });
+    let (name, nodes, tasks) = match (&nodes_path, &pods_path) {
+        (None, None) => ("embedded default".to_string(), embedded::nodes(), embedded::tasks()),
+        (Some(n), Some(p)) => (
+            p.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            trace::read_nodes(n)?,
+            trace::read_tasks(p)?,
+        ),
+        _ => bail!("give both --nodes and --pods, or --trace"),
+    };
+    let demands: Vec<PodDemand> = tasks.iter().map(trace::TraceTask::demand).collect();
+    let scenario = Scenario::new(name.clone(), trace::cluster_of(&nodes), demands);
+    let capacity = scenario.cluster.gpu_capacity_milli();
+    let requested: u64 = scenario.tasks.iter().map(PodDemand::gpu_milli).sum();
+    println!(
+        "{name}: {} nodes, {} GPUs, {} tasks ({:.1}% of GPU capacity); {} workload classes; seeds {:?}; policies {}",
+        nodes.len(),
+        capacity / 1000,
+        tasks.len(),
+        100.0 * requested as f64 / capacity.max(1) as f64,
+        scenario.workload.classes.len(),
+        seeds,
+        args.policies.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(",")
+    );
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let per_run = (scenario.tasks.len() as f64 * scenario.inflate_to
+        / (100.0 * requested as f64 / capacity.max(1) as f64))
+        .ceil();
+    let total = (per_run * (args.policies.len() * seeds.len()) as f64) as u64;
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(total)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {percent}% {elapsed}/{duration} {msg}").expect("valid template"),
+    );
+    let start = Instant::now();
+    let results = simulate::run_all(&scenario, &args.policies, &seeds, threads, &|| bar.inc(1));
+    bar.finish_and_clear();
+    let wall = start.elapsed();
+    let series = report::summarize(&results);
+    print!("{}", report::text(&series));
+    println!(
+        "\n{} runs ({} policies x {} seeds) on {threads} thread(s): wall {:.1} s, peak RSS {:.0} MiB",
+        results.len(),
+        args.policies.len(),
+        seeds.len(),
+        wall.as_secs_f64(),
+        peak_rss_mib()
+    );
+    std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
+    let stem = name.replace(' ', "-");
+    let chart_path = args.out_dir.join(format!("{stem}.svg"));
+    std::fs::write(
+        &chart_path,
+        chart::svg(&format!("GPU allocation ratio, {name}"), &series),
+    )
+    .with_context(|| format!("writing {}", chart_path.display()))?;
+    println!("chart: {}", chart_path.display());
+    if args.csv {
+        let p = args.out_dir.join(format!("{stem}.csv"));
+        std::fs::write(&p, report::csv(&series)).with_context(|| format!("writing {}", p.display()))?;
+        println!("csv: {}", p.display());
+    }
+    if args.json {
+        let p = args.out_dir.join(format!("{stem}.json"));
+        std::fs::write(&p, serde_json::to_string(&results)?).with_context(|| format!("writing {}", p.display()))?;
+        println!("json: {}", p.display());
+    }
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    match Cli::parse().command {
+        Command::Simulate(args) => simulate(args),
+    }
 }

@@ -1,0 +1,314 @@
+//! Fragmentation (Weng et al., "Beware of Fragmentation", USENIX ATC'23).
+//!
+//! A node's fragmentation with respect to one task class is the free GPU compute on it that
+//! the class cannot use: all of it when the class cannot run on the node at all (wrong model,
+//! too little CPU, not enough cards with room), otherwise the free compute of the cards that
+//! each have less room than the class needs per card. A node's fragmentation with respect to a
+//! *workload* is the popularity-weighted mean over its classes. FGD places each task where
+//! this grows least.
+
+use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
+
+use super::demand::PodDemand;
+use super::state::{CARD_MILLI, ClusterState, NodeState};
+
+/// One class of tasks in the target workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkloadClass {
+    /// CPU per task, millicores.
+    pub cpu_milli: u64,
+    /// Compute per card, milli (1000 for whole cards; 0 for CPU-only tasks).
+    pub gpu_milli: u32,
+    /// Cards per task.
+    pub cards: u32,
+    /// Allowed GPU models (`None` = any).
+    pub models: Option<Vec<String>>,
+    /// Popularity (the weights sum to 1).
+    pub weight: f64,
+}
+
+type ClassKey = (u64, u32, u32, Option<Vec<String>>);
+
+fn class_key(pod: &PodDemand) -> ClassKey {
+    let (milli, cards) = pod.shape();
+    (pod.cpu_milli, milli, cards, pod.gpu_models.clone())
+}
+
+/// The task mix that fragmentation is measured against.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TargetWorkload {
+    /// Classes, most popular first.
+    pub classes: Vec<WorkloadClass>,
+}
+
+impl TargetWorkload {
+    /// FGD's "typical pods": count pods per class, keep the most popular classes (taken
+    /// `step` at a time) until they cover `coverage` (0..=1) of all pods, renormalise.
+    pub fn typical(pods: &[PodDemand], coverage: f64, step: usize) -> Self {
+        let mut counts: HashMap<ClassKey, f64> = HashMap::new();
+        for p in pods {
+            *counts.entry(class_key(p)).or_default() += 1.0;
+        }
+        Self::from_counts(counts, coverage, step)
+    }
+
+    fn from_counts(counts: HashMap<ClassKey, f64>, coverage: f64, step: usize) -> Self {
+        let total: f64 = counts.values().sum();
+        let mut list: Vec<(ClassKey, f64)> = counts.into_iter().collect();
+        // Most popular first; ties in a fixed order so the result never depends on hashing.
+        list.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
+        let mut kept = 0;
+        let mut covered = 0.0;
+        while covered < coverage * total && kept < list.len() {
+            let upto = (kept + step.max(1)).min(list.len());
+            covered += list[kept..upto].iter().map(|(_, c)| c).sum::<f64>();
+            kept = upto;
+        }
+        let classes = list
+            .into_iter()
+            .take(kept)
+            .map(|((cpu_milli, gpu_milli, cards, models), c)| WorkloadClass {
+                cpu_milli,
+                gpu_milli,
+                cards,
+                models,
+                weight: c / covered.max(f64::MIN_POSITIVE),
+            })
+            .collect();
+        Self { classes }
+    }
+}
+
+/// Learns the target workload from the pods seen, older pods counting less (exponential decay).
+#[derive(Debug, Clone)]
+pub struct WorkloadLearner {
+    counts: HashMap<ClassKey, f64>,
+    decay: f64,
+    scale: f64,
+}
+
+impl WorkloadLearner {
+    /// `half_life` pods after a pod is seen, it counts half.
+    pub fn new(half_life: f64) -> Self {
+        Self {
+            counts: HashMap::new(),
+            decay: 0.5f64.powf(1.0 / half_life.max(1.0)),
+            scale: 1.0,
+        }
+    }
+
+    /// Records one pod.
+    pub fn observe(&mut self, pod: &PodDemand) {
+        // Instead of decaying every count, grow the weight of new observations.
+        self.scale /= self.decay;
+        if self.scale > 1e12 {
+            for v in self.counts.values_mut() {
+                *v /= self.scale;
+            }
+            self.scale = 1.0;
+        }
+        *self.counts.entry(class_key(pod)).or_default() += self.scale;
+    }
+
+    /// The current target workload.
+    pub fn target(&self, coverage: f64, step: usize) -> TargetWorkload {
+        TargetWorkload::from_counts(self.counts.clone(), coverage, step)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Compiled {
+    cpu_milli: u64,
+    gpu_milli: u32,
+    cards: usize,
+    allowed: Vec<bool>,
+    weight: f64,
+}
+
+/// A node's state as fragmentation sees it.
+#[derive(Debug, Clone, Default)]
+pub struct NodeShape {
+    /// Model of the node's cards.
+    pub model: u16,
+    /// Free CPU.
+    pub cpu_free: u64,
+    /// Free compute per card that offers compute, milli (any order).
+    pub frees: Vec<u32>,
+}
+
+impl NodeShape {
+    /// The shape of a node as it is.
+    pub fn of(node: &NodeState) -> Self {
+        let mut s = Self::default();
+        s.fill(node);
+        s
+    }
+
+    /// Refills from a node, reusing the allocation.
+    pub fn fill(&mut self, node: &NodeState) {
+        self.model = node.model().unwrap_or(0);
+        self.cpu_free = node.cpu_free();
+        self.frees.clear();
+        self.frees
+            .extend(node.cards.iter().filter(|c| c.offers_compute()).map(|c| c.core_free()));
+    }
+}
+
+/// Fragmentation against a target workload, memoised by node shape.
+#[derive(Debug, Clone)]
+pub struct Fragmentation {
+    classes: Vec<Compiled>,
+    waste: Vec<f64>,
+    cpu_thresholds: Vec<u64>,
+    memo: FxHashMap<(u128, u32), f64>,
+    sorted: Vec<u32>,
+}
+
+/// Memo entries kept before the memo is cleared (bounds memory).
+const MEMO_LIMIT: usize = 1 << 21;
+
+impl Fragmentation {
+    /// Compiles `workload` against the cluster's models.
+    pub fn new(workload: &TargetWorkload, cluster: &ClusterState) -> Self {
+        let classes: Vec<Compiled> = workload
+            .classes
+            .iter()
+            .map(|c| Compiled {
+                cpu_milli: c.cpu_milli,
+                gpu_milli: c.gpu_milli,
+                cards: c.cards as usize,
+                allowed: cluster.allowed_models(c.models.as_deref()),
+                weight: c.weight,
+            })
+            .collect();
+        let mut cpu_thresholds: Vec<u64> = classes.iter().map(|c| c.cpu_milli).collect();
+        cpu_thresholds.sort_unstable();
+        cpu_thresholds.dedup();
+        let waste = expected_waste(&classes);
+        Self {
+            classes,
+            waste,
+            cpu_thresholds,
+            memo: FxHashMap::default(),
+            sorted: Vec::new(),
+        }
+    }
+
+    /// Expected compute a card with `free` milli left will never give out, if tasks keep
+    /// arriving from the target workload and each lands on it when it fits.
+    pub fn card_waste(&self, free: u32) -> f64 {
+        self.waste[free.min(CARD_MILLI) as usize]
+    }
+
+    /// Fragmentation of a node shape, in milli-GPU.
+    pub fn of_shape(&mut self, shape: &NodeShape) -> f64 {
+        self.eval(shape.model, shape.cpu_free, &shape.frees)
+    }
+
+    /// Fragmentation of a node as it is.
+    pub fn of_node(&mut self, node: &NodeState) -> f64 {
+        let shape = NodeShape::of(node);
+        self.of_shape(&shape)
+    }
+
+    /// Fragmentation of a node with `model`, `cpu_free` and per-card free compute `frees`.
+    pub fn eval(&mut self, model: u16, cpu_free: u64, frees: &[u32]) -> f64 {
+        if frees.is_empty() {
+            return 0.0;
+        }
+        self.sorted.clear();
+        self.sorted.extend_from_slice(frees);
+        self.sorted.sort_unstable_by(|a, b| b.cmp(a));
+        // Only the number of class CPU thresholds met matters, not the CPU itself.
+        let cpu_rank = self.cpu_thresholds.partition_point(|&t| t <= cpu_free) as u32;
+        let key = if self.sorted.len() <= 12 {
+            let mut k: u128 = self.sorted.len() as u128;
+            for &f in &self.sorted {
+                k = (k << 10) | u128::from(f.min(1023));
+            }
+            Some((k, (u32::from(model) << 16) | cpu_rank.min(0xFFFF)))
+        } else {
+            None
+        };
+        if let Some(k) = key
+            && let Some(&v) = self.memo.get(&k)
+        {
+            return v;
+        }
+        let v = self.compute(model, cpu_free);
+        if let Some(k) = key {
+            if self.memo.len() >= MEMO_LIMIT {
+                self.memo.clear();
+            }
+            self.memo.insert(k, v);
+        }
+        v
+    }
+
+    fn compute(&self, model: u16, cpu_free: u64) -> f64 {
+        let frees = &self.sorted;
+        let idle: u64 = frees.iter().map(|&f| u64::from(f)).sum();
+        let mut total = 0.0;
+        for c in &self.classes {
+            let usable = c.gpu_milli > 0
+                && c.allowed.get(usize::from(model)).copied().unwrap_or(false)
+                && cpu_free >= c.cpu_milli
+                && c.cards >= 1
+                && c.cards <= frees.len()
+                && frees[c.cards - 1] >= c.gpu_milli;
+            let frag = if usable {
+                // Cards with less room than the class needs per card are fragments.
+                frees
+                    .iter()
+                    .filter(|&&f| f < c.gpu_milli)
+                    .map(|&f| u64::from(f))
+                    .sum::<u64>()
+            } else {
+                idle
+            };
+            total += c.weight * frag as f64;
+        }
+        total
+    }
+
+    /// Number of memoised node shapes.
+    pub fn memo_len(&self) -> usize {
+        self.memo.len()
+    }
+}
+
+/// `V(r)`: a card with `r` free is filled by the next class that fits (drawn by popularity)
+/// until none fits; what is left is wasted.
+fn expected_waste(classes: &[Compiled]) -> Vec<f64> {
+    let mut per_milli: Vec<(u32, f64)> = Vec::new();
+    for c in classes.iter().filter(|c| c.gpu_milli > 0) {
+        match per_milli.iter_mut().find(|(m, _)| *m == c.gpu_milli) {
+            Some(e) => e.1 += c.weight,
+            None => per_milli.push((c.gpu_milli, c.weight)),
+        }
+    }
+    let mut v = vec![0.0; CARD_MILLI as usize + 1];
+    for r in 1..=CARD_MILLI as usize {
+        let (mut num, mut den) = (0.0, 0.0);
+        for &(m, p) in &per_milli {
+            if m as usize <= r {
+                num += p * v[r - m as usize];
+                den += p;
+            }
+        }
+        v[r] = if den > 0.0 { num / den } else { r as f64 };
+    }
+    v
+}
+
+/// FGD's node score: `floor(100 * sigmoid(-Δfragmentation / 1000))`, as the published
+/// simulator computes it (higher is better; many nodes tie, ties are broken at random).
+pub fn fgd_score(before: f64, after: f64) -> f64 {
+    let x = (before - after) / f64::from(CARD_MILLI);
+    (100.0 / (1.0 + (-x).exp())).floor()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,306 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::inventory::{FixtureSource, InventorySource};
+use crate::request::{ContainerRequest, ContainerRole, GpuDemand, GpuShare, PodRequest};
+
+fn node(cluster: &mut ClusterState, name: &str, fixture: &str) {
+    let inv = FixtureSource::new(fixture).discover().unwrap();
+    let cards = cluster.cards_from_inventory(&inv.gpus);
+    cluster.add_node(NodeState {
+        name: name.into(),
+        cpu_milli: 64_000,
+        cpu_used: 0,
+        memory_bytes: 256 << 30,
+        memory_used: 0,
+        cards,
+        schedulable: true,
+    });
+}
+
+fn engine(policy: PolicyKind, fixtures: &[&str]) -> Engine {
+    let mut c = ClusterState::new();
+    for (i, f) in fixtures.iter().enumerate() {
+        node(&mut c, &format!("node-{i}"), f);
+    }
+    let w = TargetWorkload::typical(
+        &[share(1000, 300, Some(8 << 10)), whole(1000, 1), whole(1000, 2)],
+        1.0,
+        10,
+    );
+    Engine::new(
+        c,
+        &w,
+        EngineConfig {
+            node_policy: policy,
+            gpu_policy: policy,
+            seed: 7,
+        },
+    )
+}
+
+fn share(cpu: u64, milli: u32, mem: Option<u64>) -> PodDemand {
+    PodDemand::single(
+        cpu,
+        1 << 30,
+        Some(CardDemand::Share {
+            core_milli: milli,
+            memory_mib: mem,
+        }),
+    )
+}
+
+fn whole(cpu: u64, n: u32) -> PodDemand {
+    PodDemand::single(
+        cpu,
+        1 << 30,
+        Some(CardDemand::Whole {
+            cards: n,
+            min_memory_mib: None,
+        }),
+    )
+}
+
+fn place(e: &mut Engine, pod: &PodDemand) -> Placement {
+    let p = e.schedule(pod).unwrap();
+    e.commit(pod, &p);
+    p
+}
+
+#[test]
+fn shares_pack_onto_one_card_and_whole_cards_stay_idle() {
+    let mut e = engine(PolicyKind::Mosaic, &["h100x8"]);
+    let a = place(&mut e, &share(1000, 300, Some(8 << 10)));
+    let b = place(&mut e, &share(1000, 300, Some(8 << 10)));
+    let card = |p: &Placement| p.plan.containers[0].cards[0].card;
+    assert_eq!(card(&a), card(&b), "second share joins the first card");
+    let w = place(&mut e, &whole(1000, 2));
+    let cards: Vec<usize> = w.plan.containers[0].cards.iter().map(|c| c.card).collect();
+    assert_eq!(cards.len(), 2);
+    assert!(!cards.contains(&card(&a)));
+    assert!(
+        w.plan.containers[0]
+            .cards
+            .iter()
+            .all(|c| c.exclusive && c.core_milli == 1000 && c.memory_mib == 81559)
+    );
+    // Whole cards on one NUMA node when possible.
+    let numa: Vec<_> = cards.iter().map(|&c| e.cluster.nodes[0].cards[c].numa).collect();
+    assert_eq!(numa[0], numa[1]);
+}
+
+#[test]
+fn proportional_memory_and_reasons() {
+    let mut e = engine(PolicyKind::Binpack, &["t4x2"]);
+    let p = place(&mut e, &share(1000, 500, None));
+    assert_eq!(p.plan.containers[0].cards[0].memory_mib, 7680, "half of a 15360 MiB T4");
+    place(&mut e, &share(1000, 800, Some(1024)));
+    let err = e.schedule(&share(1000, 600, Some(8 << 10))).unwrap_err();
+    assert_eq!(err.reasons.len(), 1);
+    assert_eq!(
+        err.reasons[0].1,
+        "best card has 50% core, 7.5 GiB free; needs 60%, 8 GiB"
+    );
+    assert!(
+        err.to_string().starts_with("0/1 nodes fit; 1 node(s): best card has"),
+        "{err}"
+    );
+    let err = e.schedule(&whole(1000, 2)).unwrap_err();
+    assert_eq!(err.reasons[0].1, "needs 2 idle whole GPU(s), 0 idle");
+    let err = e.schedule(&PodDemand::single(100_000, 0, None)).unwrap_err();
+    assert!(
+        err.reasons[0]
+            .1
+            .starts_with("insufficient cpu: 62000m free, needs 100000m"),
+        "{err}"
+    );
+}
+
+#[test]
+fn model_constraints_and_health_filter_nodes() {
+    let mut e = engine(PolicyKind::Fgd, &["t4x2", "h100x8"]);
+    let mut pod = share(1000, 100, Some(1024));
+    pod.gpu_models = Some(vec!["H100".into()]);
+    let p = place(&mut e, &pod);
+    assert_eq!(e.cluster.nodes[p.node].name, "node-1");
+    pod.gpu_models = Some(vec!["A100".into()]);
+    let err = e.schedule(&pod).unwrap_err();
+    assert!(
+        err.reasons
+            .iter()
+            .all(|(_, r)| r == "no usable card of an allowed model"),
+        "{err}"
+    );
+    // Unhealthy cards are never offered.
+    for c in &mut e.cluster.nodes[0].cards {
+        c.healthy = false;
+    }
+    e.node_changed(0);
+    pod.gpu_models = Some(vec!["T4".into()]);
+    assert!(e.schedule(&pod).is_err());
+}
+
+#[test]
+fn mig_devices_are_allocated_by_profile() {
+    let mut e = engine(PolicyKind::Mosaic, &["a100-mig"]);
+    let req = |profile: &str, count| PodDemand {
+        cpu_milli: 100,
+        containers: vec![ContainerDemand {
+            name: "c".into(),
+            role: ContainerRole::App,
+            cards: CardDemand::Mig(vec![(profile.parse().unwrap(), count)]),
+        }],
+        phases: vec![vec![0]],
+        ..Default::default()
+    };
+    let p = place(&mut e, &req("1g.5gb", 3));
+    let cards = &p.plan.containers[0].cards;
+    assert_eq!(cards.len(), 3);
+    assert!(cards.iter().all(|c| c.mig_slot.is_some()));
+    // 9 one-slice devices exist (2 on GPU 0, 7 on GPU 1); 6 are left.
+    place(&mut e, &req("1g.5gb", 6));
+    let err = e.schedule(&req("1g.5gb", 1)).unwrap_err();
+    assert!(err.reasons[0].1.contains("no free MIG 1g.5gb"), "{err}");
+    let err = e.schedule(&req("7g.40gb", 1)).unwrap_err();
+    assert_eq!(err.reasons[0].1, "no MIG 7g.40gb device on the node");
+    // The whole A100 (GPU 3, not in MIG mode) is still offered whole; MIG cards are not.
+    let w = place(&mut e, &whole(100, 1));
+    assert_eq!(w.plan.containers[0].cards[0].card, 3);
+    assert!(e.schedule(&whole(100, 1)).is_err());
+}
+
+#[test]
+fn containers_get_their_own_cards_and_init_phases_take_the_max() {
+    let mut e = engine(PolicyKind::Binpack, &["h100x8"]);
+    let c = |name: &str, role, core: u32| ContainerRequest {
+        name: name.into(),
+        role,
+        cpu_milli: 100,
+        memory_bytes: 0,
+        gpu: GpuDemand::Share(GpuShare {
+            core_percent: core,
+            memory_mib: Some(1024),
+        }),
+    };
+    let req = PodRequest {
+        containers: vec![
+            c("init", ContainerRole::Init, 60),
+            c("a", ContainerRole::App, 30),
+            c("b", ContainerRole::App, 20),
+        ],
+        ..Default::default()
+    };
+    let pod = PodDemand::from_request(&req);
+    assert_eq!(pod.phases, vec![vec![0], vec![1, 2]]);
+    let p = place(&mut e, &pod);
+    let card_of = |i: usize| p.plan.containers.iter().find(|c| c.container == i).unwrap().cards[0].card;
+    assert_ne!(card_of(1), card_of(2), "app containers on distinct cards");
+    // The init container reuses an app card? It needs 60%, more than either app container
+    // holds, so it lands on a card and that card is charged max(60%, app share).
+    let total_core: u32 = p.plan.usage.values().map(|u| u.core_milli).sum();
+    let init_card = card_of(0);
+    let app_on_init_card: u32 = [1, 2]
+        .iter()
+        .filter(|&&i| card_of(i) == init_card)
+        .map(|&i| [0, 300, 200][i])
+        .sum();
+    assert_eq!(p.plan.usage[&init_card].core_milli, 600.max(app_on_init_card));
+    assert!(total_core < 600 + 300 + 200, "phases do not add up: {total_core}");
+    // Release frees exactly what commit took.
+    e.release(&pod, &p);
+    assert!(e.cluster.nodes[0].cards.iter().all(CardState::is_idle));
+    assert_eq!(e.cluster.nodes[0].cpu_used, 0);
+}
+
+#[test]
+fn same_seed_same_decisions() {
+    let pods: Vec<PodDemand> = (0..60)
+        .map(|i| {
+            if i % 3 == 0 {
+                whole(500, 1 + i % 2)
+            } else {
+                share(500, 100 + (i * 37 % 800), None)
+            }
+        })
+        .collect();
+    for policy in PolicyKind::ALL {
+        let run = || {
+            let mut e = engine(policy, &["h100x8", "t4x2", "h100x8"]);
+            pods.iter()
+                .map(|p| {
+                    e.schedule(p)
+                        .ok()
+                        .inspect(|pl| e.commit(p, pl))
+                        .map(|pl| (pl.node, pl.plan))
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(), run(), "{policy}");
+    }
+}
+
+#[test]
+fn evaluate_nodes_reports_each_node() {
+    let mut e = engine(PolicyKind::Fgd, &["t4x2", "h100x8"]);
+    let v = e.evaluate_nodes(&whole(1000, 4), &[0, 1]);
+    assert!(v[0].1.as_ref().is_err_and(|r| r.contains("2 idle")));
+    assert!(v[1].1.is_ok());
+    let p = e.plan_on(1, &whole(1000, 4)).unwrap();
+    assert_eq!(p.plan.containers[0].cards.len(), 4);
+    assert!(e.plan_on(0, &whole(1000, 4)).is_err());
+}
+
+fn arb_pod() -> impl Strategy<Value = PodDemand> {
+    let cards = prop_oneof![
+        3 => (1u32..=1000, proptest::option::of(256u64..40_000)).prop_map(|(m, mem)| Some(CardDemand::Share { core_milli: m, memory_mib: mem })),
+        2 => (1u32..=4).prop_map(|n| Some(CardDemand::Whole { cards: n, min_memory_mib: None })),
+        1 => Just(Some(CardDemand::Mig(vec![("1g.5gb".parse().unwrap(), 1)]))),
+        1 => Just(None),
+    ];
+    (0u64..20_000, 0u64..(64 << 30), cards).prop_map(|(cpu, mem, cards)| {
+        let mut p = PodDemand::single(cpu, mem, None);
+        if let Some(c) = cards {
+            p = PodDemand::single(cpu, mem, Some(c));
+        }
+        p
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn random_pod_streams_never_overcommit(
+        pods in proptest::collection::vec(arb_pod(), 1..80),
+        policy in proptest::sample::select(PolicyKind::ALL.to_vec()),
+        release_every in 2usize..7,
+    ) {
+        let mut e = engine(policy, &["t4x2", "h100x8", "a100-mig"]);
+        let mut placed = Vec::new();
+        for (i, pod) in pods.iter().enumerate() {
+            if let Ok(p) = e.schedule(pod) {
+                e.commit(pod, &p);
+                placed.push((pod.clone(), p));
+            }
+            if i % release_every == 0 && !placed.is_empty() {
+                let (pod, p) = placed.remove(0);
+                e.release(&pod, &p);
+            }
+            for n in &e.cluster.nodes {
+                prop_assert!(n.cpu_used <= n.cpu_milli && n.memory_used <= n.memory_bytes);
+                for c in &n.cards {
+                    prop_assert!(c.core_used <= CARD_MILLI, "{c:?}");
+                    prop_assert!(c.memory_used <= c.memory_mib, "{c:?}");
+                    prop_assert!(c.mig.is_none() || (c.core_used == 0 && c.memory_used == 0));
+                }
+            }
+        }
+        // Everything released: the cluster is empty again.
+        for (pod, p) in placed.drain(..) {
+            e.release(&pod, &p);
+        }
+        for n in &e.cluster.nodes {
+            prop_assert_eq!(n.cpu_used, 0);
+            prop_assert!(n.cards.iter().all(|c| c.is_idle() && c.mig.as_ref().is_none_or(|s| s.iter().all(|m| !m.used))));
+        }
+    }
+}

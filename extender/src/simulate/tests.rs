@@ -1,0 +1,73 @@
+use tessera_core::placement::PodDemand;
+use tessera_core::policy::PolicyKind;
+
+use super::*;
+
+fn small() -> Scenario {
+    let nodes: Vec<_> = embedded::nodes().into_iter().step_by(8).collect();
+    let tasks: Vec<PodDemand> = embedded::tasks()
+        .iter()
+        .take(300)
+        .map(trace::TraceTask::demand)
+        .collect();
+    Scenario::new("small", trace::cluster_of(&nodes), tasks)
+}
+
+#[test]
+fn runs_are_reproducible_and_well_formed() {
+    let s = small();
+    let a = run(&s, PolicyKind::Fgd, 42, &|| {});
+    let b = run(&s, PolicyKind::Fgd, 42, &|| {});
+    assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
+    let c = run(&s, PolicyKind::Fgd, 43, &|| {});
+    assert_ne!(
+        serde_json::to_string(&a).unwrap(),
+        serde_json::to_string(&c).unwrap(),
+        "seeds shuffle differently"
+    );
+    assert_eq!(a.samples.len(), 130, "one sample per point up to 130%");
+    for w in a.samples.windows(2) {
+        assert!(w[1].arrived_pct >= w[0].arrived_pct);
+        assert!(w[1].allocation_pct >= w[0].allocation_pct, "never deletes");
+    }
+    for (i, smp) in a.samples.iter().enumerate() {
+        assert!(smp.arrived_pct >= (i + 1) as f64);
+        assert!(smp.allocation_pct <= smp.arrived_pct + 1e-9);
+        assert!((0.0..=100.0).contains(&smp.frag_rate_pct));
+    }
+    assert!(a.placed < a.submitted, "130% cannot all fit");
+}
+
+#[test]
+fn fragmentation_aware_policies_beat_random() {
+    let s = small();
+    let results = run_all(
+        &s,
+        &[PolicyKind::Random, PolicyKind::Fgd, PolicyKind::Mosaic],
+        &[1, 2],
+        2,
+        &|| {},
+    );
+    let series = report::summarize(&results);
+    let at100 = |p: PolicyKind| {
+        series
+            .iter()
+            .find(|x| x.policy == p)
+            .unwrap()
+            .at(100)
+            .unwrap()
+            .allocation_pct
+    };
+    assert!(at100(PolicyKind::Fgd) > at100(PolicyKind::Random));
+    assert!(at100(PolicyKind::Mosaic) > at100(PolicyKind::Random));
+    let text = report::text(&series);
+    for p in ["random", "fgd", "mosaic", "unalloc@100%", "Fragmentation rate"] {
+        assert!(text.contains(p), "{text}");
+    }
+    let csv = report::csv(&series);
+    assert_eq!(csv.lines().count(), 1 + 3 * 130);
+    let svg = chart::svg("t <&>", &series);
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<polyline").count(), 3);
+    assert!(svg.contains("t &lt;&amp;&gt;"));
+}
