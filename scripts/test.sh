@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== toolchain: $(cargo --version)"
+# Real container runtimes for the end-to-end tests (cached under .cache/runtimes).
+echo "== runtimes (tests/runtimes/fetch.sh):"
+bash tests/runtimes/fetch.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

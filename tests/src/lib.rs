@@ -1,1 +1,4 @@
-//! Shared helpers for the cross-crate tests.
+//! Helpers for Tessera's cross-crate and end-to-end tests: chiefly a harness that runs real
+//! containerd (1.7 and 2.x) on private paths and drives it through CRI, as the kubelet does.
+
+pub mod containerd;
