@@ -1,1 +1,7 @@
-//! tessera-cdi-generator (see its issue).
+//! The cdi-generator: turns a node's GPU inventory (NVML or a fixture) into the CDI spec
+//! `tessera.io-gpu.json`, keeps it current, and publishes the inventory on the Node object.
+
+pub mod daemon;
+pub mod publish;
+pub mod spec;
+pub mod writer;

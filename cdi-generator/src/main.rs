@@ -1,10 +1,118 @@
-use clap::Parser;
+use std::path::PathBuf;
+use std::time::Duration;
 
-/// tessera-cdi-generator
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tessera_cdi_generator::daemon::{self, DaemonConfig};
+use tessera_cdi_generator::spec::{self, SpecOptions};
+use tessera_cdi_generator::writer::{self, DEFAULT_CDI_DIR};
+use tessera_core::inventory::{FixtureSource, InventorySource, NvmlSource};
+
+/// Tessera's CDI spec generator.
 #[derive(Parser)]
 #[command(version, about)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() {
-    let _ = Cli::parse();
+#[derive(Args, Clone)]
+struct SourceArgs {
+    /// Fixture file (or built-in fixture name: h100x8, a100-mig, t4x2) instead of NVML.
+    #[arg(long)]
+    fixture: Option<PathBuf>,
+    /// Host directory holding the driver files (default: the fixture's, or / for NVML).
+    #[arg(long)]
+    driver_root: Option<PathBuf>,
+    /// Host directory holding /dev (device nodes get a hostPath under it when not /).
+    #[arg(long, default_value = "/")]
+    dev_root: PathBuf,
+    /// libnvidia-ml.so.1 to load (default: the loader's search path).
+    #[arg(long)]
+    nvml_library: Option<PathBuf>,
+}
+
+impl SourceArgs {
+    fn source(&self) -> Box<dyn InventorySource + Send + Sync> {
+        match &self.fixture {
+            Some(f) => Box::new(FixtureSource {
+                fixture: f.clone(),
+                driver_root: self.driver_root.clone(),
+            }),
+            None => Box::new(NvmlSource {
+                driver_root: self.driver_root.clone().unwrap_or_else(|| "/".into()),
+                dev_root: self.dev_root.clone(),
+                library: self.nvml_library.clone(),
+                ..Default::default()
+            }),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print (or write) the CDI spec once.
+    Generate {
+        #[command(flatten)]
+        source: SourceArgs,
+        /// `-` for standard output, or a directory to write tessera.io-gpu.json into.
+        #[arg(long, default_value = "-")]
+        output: String,
+    },
+    /// Run the daemon: keep the spec current and publish the inventory.
+    Run {
+        #[command(flatten)]
+        source: SourceArgs,
+        /// CDI spec directory.
+        #[arg(long, default_value = DEFAULT_CDI_DIR)]
+        cdi_dir: PathBuf,
+        /// Poll interval in seconds.
+        #[arg(long, default_value_t = 30)]
+        interval_secs: u64,
+        /// This node's name, to publish the inventory annotation on (in a cluster).
+        #[arg(long, env = "NODE_NAME")]
+        node_name: Option<String>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    match Cli::parse().command {
+        Command::Generate { source, output } => {
+            let inventory = source.source().discover().context("reading the GPU inventory")?;
+            let (_, text) = spec::render(
+                &inventory,
+                &SpecOptions {
+                    dev_root: source.dev_root.clone(),
+                },
+            )?;
+            if output == "-" {
+                print!("{text}");
+            } else {
+                let outcome = writer::write_spec(output.as_ref(), writer::SPEC_FILE, &text)?;
+                eprintln!("{}/{}: {outcome:?}", output, writer::SPEC_FILE);
+            }
+            Ok(())
+        }
+        Command::Run {
+            source,
+            cdi_dir,
+            interval_secs,
+            node_name,
+        } => {
+            let config = DaemonConfig {
+                cdi_dir,
+                spec: SpecOptions {
+                    dev_root: source.dev_root.clone(),
+                },
+                interval: Duration::from_secs(interval_secs.max(1)),
+                node_name,
+            };
+            daemon::run(source.source(), source.fixture.clone(), config).await
+        }
+    }
 }

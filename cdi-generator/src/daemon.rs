@@ -1,0 +1,124 @@
+//! The `run` loop: regenerate when the inventory changes (poll at an interval, and at once
+//! when a fixture file changes), write atomically, publish, log what changed.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tessera_core::inventory::{InventorySource, NodeInventory};
+use tracing::{info, warn};
+
+use crate::spec::{self, CdiSpec, SpecOptions};
+use crate::writer::{self, WriteOutcome};
+
+/// Daemon settings.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// CDI spec directory.
+    pub cdi_dir: PathBuf,
+    /// Spec options.
+    pub spec: SpecOptions,
+    /// Poll interval.
+    pub interval: Duration,
+    /// Node name to publish the inventory on (`None`: do not publish).
+    pub node_name: Option<String>,
+}
+
+/// One regeneration step's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generation {
+    /// Whether the file was written.
+    pub outcome: WriteOutcome,
+    /// Device names added since the previous spec.
+    pub added: Vec<String>,
+    /// Device names removed since the previous spec.
+    pub removed: Vec<String>,
+}
+
+/// Keeps the last spec to report changes.
+#[derive(Debug, Default)]
+pub struct Generator {
+    last: Option<CdiSpec>,
+    last_inventory: Option<NodeInventory>,
+}
+
+impl Generator {
+    /// Discovers, renders and writes once. On any error the previous spec file is untouched.
+    pub fn step(
+        &mut self,
+        source: &dyn InventorySource,
+        config: &DaemonConfig,
+    ) -> anyhow::Result<(Generation, NodeInventory)> {
+        let inventory = source.discover()?;
+        let (spec, text) = spec::render(&inventory, &config.spec)?;
+        let outcome = writer::write_spec(&config.cdi_dir, writer::SPEC_FILE, &text)?;
+        let names = |s: &CdiSpec| s.devices.iter().map(|d| d.name.clone()).collect::<BTreeSet<_>>();
+        let before = self.last.as_ref().map(names).unwrap_or_default();
+        let after = names(&spec);
+        let generation = Generation {
+            outcome,
+            added: after.difference(&before).cloned().collect(),
+            removed: before.difference(&after).cloned().collect(),
+        };
+        self.last = Some(spec);
+        self.last_inventory = Some(inventory.clone());
+        Ok((generation, inventory))
+    }
+}
+
+/// Runs until SIGTERM/SIGINT.
+pub async fn run(
+    source: Box<dyn InventorySource + Send + Sync>,
+    watch: Option<PathBuf>,
+    config: DaemonConfig,
+) -> anyhow::Result<()> {
+    let mut generator = Generator::default();
+    let client = if config.node_name.is_some() {
+        crate::publish::in_cluster_client().await
+    } else {
+        None
+    };
+    if config.node_name.is_some() && client.is_none() {
+        info!("not running in a cluster: the inventory is not published");
+    }
+    let mut published: Option<NodeInventory> = None;
+    let mut ticker = tokio::time::interval(config.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_mtime = None;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = tokio::time::sleep(Duration::from_millis(500)), if watch.is_some() => {
+                // Cheap change check of the fixture file between polls.
+                let m = watch.as_ref().and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+                if m == last_mtime { continue; }
+                last_mtime = m;
+            }
+            _ = term.recv() => { info!("SIGTERM: exiting"); return Ok(()); }
+            _ = tokio::signal::ctrl_c() => { info!("interrupted: exiting"); return Ok(()); }
+        }
+        match generator.step(source.as_ref(), &config) {
+            Ok((g, inventory)) => {
+                if g.outcome == WriteOutcome::Written {
+                    info!(added = ?g.added, removed = ?g.removed, dir = %config.cdi_dir.display(), "CDI spec written");
+                }
+                if let (Some(client), Some(node)) = (&client, &config.node_name)
+                    && published.as_ref() != Some(&inventory)
+                {
+                    match crate::publish::publish(client.clone(), node, &inventory).await {
+                        Ok(()) => {
+                            info!(node, "inventory published");
+                            published = Some(inventory);
+                        }
+                        Err(e) => warn!(node, error = %e, "publishing the inventory failed; retrying next poll"),
+                    }
+                }
+            }
+            Err(e) => warn!(
+                error = format!("{e:#}"),
+                "regeneration failed; the previous spec is left in place"
+            ),
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! Publishes the node's inventory on its own Node object (`tessera.io/inventory`) for the
+//! extender. Needs RBAC `patch` on `nodes`.
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use tessera_core::inventory::{NodeInventory, PublishedInventory};
+use tessera_core::names::ANNOTATION_INVENTORY;
+
+/// The merge patch that sets the annotation.
+pub fn patch_body(inventory: &NodeInventory) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": { "annotations": { ANNOTATION_INVENTORY: PublishedInventory::of(inventory).encode() } }
+    })
+}
+
+/// Patches `node` with the inventory annotation.
+pub async fn publish(client: kube::Client, node: &str, inventory: &NodeInventory) -> Result<(), kube::Error> {
+    let nodes: Api<Node> = Api::all(client);
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(patch_body(inventory)))
+        .await?;
+    Ok(())
+}
+
+/// A client when running in a cluster (service account and `KUBERNETES_SERVICE_HOST`), else
+/// `None`: outside a cluster publishing is skipped.
+pub async fn in_cluster_client() -> Option<kube::Client> {
+    std::env::var_os("KUBERNETES_SERVICE_HOST")?;
+    let config = kube::Config::incluster().ok()?;
+    kube::Client::try_from(config).ok()
+}

@@ -1,0 +1,317 @@
+//! The CDI spec Tessera writes: typed, built from the inventory, validated with the
+//! `container-device-interface` crate before anything is written.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tessera_core::inventory::{DeviceNode, DriverFileKind, Gpu, NodeInventory};
+use tessera_core::names::CDI_KIND;
+
+/// Where driver libraries appear in containers; CUDA base images already search it.
+pub const LIBRARY_DIR: &str = "/usr/local/nvidia/lib64";
+/// Annotation on share devices.
+pub const SHARE_ANNOTATION: &str = "tessera.io/share";
+
+/// A CDI device node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CdiDeviceNode {
+    /// Path in the container.
+    pub path: String,
+    /// Path on the host, when it differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+    /// `c` for character devices.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Major number.
+    pub major: i64,
+    /// Minor number.
+    pub minor: i64,
+    /// Cgroup access (`rw`, `rwm`).
+    pub permissions: String,
+}
+
+/// A CDI mount.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CdiMount {
+    /// Host path.
+    pub host_path: String,
+    /// Container path.
+    pub container_path: String,
+    /// Mount options.
+    pub options: Vec<String>,
+}
+
+/// CDI container edits.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CdiEdits {
+    /// `KEY=value` pairs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Device nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<CdiDeviceNode>,
+    /// Mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<CdiMount>,
+}
+
+/// A CDI device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CdiDevice {
+    /// Name within the kind (`0`, `GPU-...`, `0:1`, `share-0`, `all`).
+    pub name: String,
+    /// Annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Edits.
+    pub container_edits: CdiEdits,
+}
+
+/// A whole CDI spec file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CdiSpec {
+    /// The lowest version the content needs.
+    pub cdi_version: String,
+    /// `tessera.io/gpu`.
+    pub kind: String,
+    /// Devices.
+    pub devices: Vec<CdiDevice>,
+    /// Edits for every device of the spec.
+    pub container_edits: CdiEdits,
+}
+
+/// Why a spec could not be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// The spec failed the CDI crate's validation.
+    #[error("generated CDI spec is invalid: {0}")]
+    Invalid(String),
+    /// The inventory has nothing to offer.
+    #[error("the inventory has no usable GPU, MIG device or share: nothing to put in a CDI spec")]
+    Empty,
+}
+
+/// Options for building a spec.
+#[derive(Debug, Clone)]
+pub struct SpecOptions {
+    /// Host root under which the device nodes are (`/` in production; a test root in tests,
+    /// which then becomes each node's `hostPath`).
+    pub dev_root: PathBuf,
+}
+
+impl Default for SpecOptions {
+    fn default() -> Self {
+        Self { dev_root: "/".into() }
+    }
+}
+
+fn node(n: &DeviceNode, opts: &SpecOptions) -> CdiDeviceNode {
+    let path = n.path.display().to_string();
+    let host_path = (opts.dev_root != Path::new("/")).then(|| {
+        opts.dev_root
+            .join(n.path.strip_prefix("/").unwrap_or(&n.path))
+            .display()
+            .to_string()
+    });
+    CdiDeviceNode {
+        path,
+        host_path,
+        kind: "c".into(),
+        major: i64::from(n.major),
+        minor: i64::from(n.minor),
+        permissions: "rw".into(),
+    }
+}
+
+/// The soname a driver library is loaded by (`libcuda.so.550.54.15` -> `libcuda.so.1`).
+fn soname(file: &str) -> Option<String> {
+    let (stem, _) = file.split_once(".so.")?;
+    let major = if stem == "libnvidia-nvvm" { 4 } else { 1 };
+    Some(format!("{stem}.so.{major}"))
+}
+
+fn ro_bind(host: String, container: String) -> CdiMount {
+    CdiMount {
+        host_path: host,
+        container_path: container,
+        options: vec!["ro".into(), "nosuid".into(), "nodev".into(), "bind".into()],
+    }
+}
+
+/// Spec-wide edits: control devices, driver files, library lookup.
+fn common_edits(inv: &NodeInventory, opts: &SpecOptions) -> CdiEdits {
+    let mut edits = CdiEdits {
+        env: vec![
+            "NVIDIA_VISIBLE_DEVICES=void".into(),
+            format!("LD_LIBRARY_PATH={LIBRARY_DIR}"),
+        ],
+        device_nodes: inv.control_devices.iter().map(|d| node(d, opts)).collect(),
+        mounts: Vec::new(),
+    };
+    for f in &inv.driver_files {
+        let host = inv.host_path(f).display().to_string();
+        let name = f
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match f.kind {
+            DriverFileKind::Library => {
+                // Libraries go to one directory, under their file name and their soname, so
+                // the loader finds them through LD_LIBRARY_PATH with no ldcache hook.
+                edits
+                    .mounts
+                    .push(ro_bind(host.clone(), format!("{LIBRARY_DIR}/{name}")));
+                if let Some(so) = soname(&name) {
+                    edits.mounts.push(ro_bind(host, format!("{LIBRARY_DIR}/{so}")));
+                }
+            }
+            DriverFileKind::Binary | DriverFileKind::Firmware | DriverFileKind::Config | DriverFileKind::Socket => {
+                edits.mounts.push(ro_bind(host, f.path.display().to_string()));
+            }
+        }
+    }
+    edits
+}
+
+fn share_edits(gpu: &Gpu, inv: &NodeInventory, opts: &SpecOptions) -> CdiEdits {
+    let mut edits = CdiEdits {
+        device_nodes: vec![node(&gpu.device, opts)],
+        ..Default::default()
+    };
+    if let Some(dir) = &inv.mps_pipe_dir {
+        let d = dir.display().to_string();
+        edits.env.push(format!("CUDA_MPS_PIPE_DIRECTORY={d}"));
+        edits.mounts.push(CdiMount {
+            host_path: d.clone(),
+            container_path: d,
+            options: vec!["rw".into(), "nosuid".into(), "nodev".into(), "bind".into()],
+        });
+    }
+    edits
+}
+
+/// CDI device names of a whole GPU.
+pub fn gpu_names(gpu: &Gpu) -> [String; 2] {
+    [gpu.index.to_string(), gpu.uuid.clone()]
+}
+
+/// CDI device names of a GPU's share device.
+pub fn share_names(gpu: &Gpu) -> [String; 2] {
+    [format!("share-{}", gpu.index), format!("share-{}", gpu.uuid)]
+}
+
+/// Builds the spec (without validating it; see [`render`]).
+pub fn build(inv: &NodeInventory, opts: &SpecOptions) -> CdiSpec {
+    let mut devices = Vec::new();
+    let mut all = CdiEdits::default();
+    for gpu in &inv.gpus {
+        if gpu.mig_enabled {
+            for m in &gpu.mig_devices {
+                let edits = CdiEdits {
+                    device_nodes: vec![
+                        node(&gpu.device, opts),
+                        node(&m.gi_access, opts),
+                        node(&m.ci_access, opts),
+                    ],
+                    ..Default::default()
+                };
+                for name in [format!("{}:{}", gpu.index, m.index), m.uuid.clone()] {
+                    devices.push(CdiDevice {
+                        name,
+                        annotations: BTreeMap::new(),
+                        container_edits: edits.clone(),
+                    });
+                }
+                for n in edits.device_nodes {
+                    if !all.device_nodes.contains(&n) {
+                        all.device_nodes.push(n);
+                    }
+                }
+            }
+            continue;
+        }
+        let whole = CdiEdits {
+            device_nodes: vec![node(&gpu.device, opts)],
+            ..Default::default()
+        };
+        for name in gpu_names(gpu) {
+            devices.push(CdiDevice {
+                name,
+                annotations: BTreeMap::new(),
+                container_edits: whole.clone(),
+            });
+        }
+        let share = share_edits(gpu, inv, opts);
+        let annotations = BTreeMap::from([(SHARE_ANNOTATION.to_string(), gpu.uuid.clone())]);
+        for name in share_names(gpu) {
+            devices.push(CdiDevice {
+                name,
+                annotations: annotations.clone(),
+                container_edits: share.clone(),
+            });
+        }
+        if !all.device_nodes.contains(&whole.device_nodes[0]) {
+            all.device_nodes.push(whole.device_nodes[0].clone());
+        }
+    }
+    if !all.device_nodes.is_empty() {
+        devices.push(CdiDevice {
+            name: "all".into(),
+            annotations: BTreeMap::new(),
+            container_edits: all,
+        });
+    }
+    CdiSpec {
+        cdi_version: String::new(),
+        kind: CDI_KIND.into(),
+        devices,
+        container_edits: common_edits(inv, opts),
+    }
+}
+
+/// Builds, versions and validates the spec; returns it and its JSON text.
+pub fn render(inv: &NodeInventory, opts: &SpecOptions) -> Result<(CdiSpec, String), SpecError> {
+    use container_device_interface::specs::config::Spec as RawSpec;
+    let mut spec = build(inv, opts);
+    if spec.devices.is_empty() {
+        return Err(SpecError::Empty);
+    }
+    let invalid = |e: &dyn std::fmt::Display| SpecError::Invalid(e.to_string());
+    // The lowest cdiVersion the content needs, as the CDI library computes it.
+    spec.cdi_version = "1.1.0".into();
+    let raw: RawSpec =
+        serde_json::from_value(serde_json::to_value(&spec).map_err(|e| invalid(&e))?).map_err(|e| invalid(&e))?;
+    spec.cdi_version = container_device_interface::version::minimum_required_version(&raw)
+        .map_err(|e| invalid(&e))?
+        .to_string();
+    let text = serde_json::to_string_pretty(&spec).map_err(|e| invalid(&e))? + "\n";
+    let raw: RawSpec = serde_json::from_str(&text).map_err(|e| invalid(&e))?;
+    let mut checked =
+        container_device_interface::spec::new_spec(&raw, &PathBuf::from("/var/run/cdi/tessera.io-gpu.json"), 0)
+            .map_err(|e| SpecError::Invalid(format!("{e:#}")))?;
+    checked.validate().map_err(|e| SpecError::Invalid(format!("{e:#}")))?;
+    Ok((spec, text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sonames() {
+        assert_eq!(soname("libcuda.so.550.54.15").as_deref(), Some("libcuda.so.1"));
+        assert_eq!(
+            soname("libnvidia-nvvm.so.550.54.15").as_deref(),
+            Some("libnvidia-nvvm.so.4")
+        );
+        assert_eq!(soname("nvidia-smi"), None);
+    }
+}
