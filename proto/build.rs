@@ -9,6 +9,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .build_server(false)
             .compile_protos(&["cri/api.proto"], &["cri"])?;
     }
+    if std::env::var_os("CARGO_FEATURE_DEVICEPLUGIN").is_some() {
+        tonic_prost_build::configure().compile_protos(&["deviceplugin/api.proto"], &["deviceplugin"])?;
+    }
     println!("cargo:rerun-if-changed=cri/api.proto");
+    println!("cargo:rerun-if-changed=deviceplugin/api.proto");
     Ok(())
 }

@@ -1,10 +1,58 @@
-use clap::Parser;
+use std::path::PathBuf;
+use std::time::Duration;
 
-/// tessera-device-plugin
+use clap::Parser;
+use tessera_core::inventory::{FixtureSource, NvmlSource};
+use tessera_core::request::DEFAULT_MEMORY_UNIT_MIB;
+use tessera_device_plugin::manager::{self, Config, DEFAULT_PLUGIN_DIR, Source};
+
+/// Tessera's kubelet device plugin.
 #[derive(Parser)]
 #[command(version, about)]
-struct Cli {}
+struct Cli {
+    /// Kubelet device plugin directory.
+    #[arg(long, default_value = DEFAULT_PLUGIN_DIR)]
+    plugin_dir: PathBuf,
+    /// MiB per unit of tessera.io/gpu-memory (a cluster-wide setting).
+    #[arg(long, default_value_t = DEFAULT_MEMORY_UNIT_MIB)]
+    memory_unit_mib: u64,
+    /// Fixture file (or built-in name) instead of NVML.
+    #[arg(long)]
+    fixture: Option<PathBuf>,
+    /// Inventory poll interval, seconds.
+    #[arg(long, default_value_t = 30)]
+    poll_secs: u64,
+    /// Seconds without a critical event after which a GPU is healthy again.
+    #[arg(long, default_value_t = 300)]
+    recovery_secs: u64,
+}
 
-fn main() {
-    let _ = Cli::parse();
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let cli = Cli::parse();
+    if cli.memory_unit_mib == 0 {
+        anyhow::bail!("--memory-unit-mib=0: the memory unit must be at least 1 MiB");
+    }
+    let source = match cli.fixture {
+        Some(f) => Source::Fixture(FixtureSource::new(f)),
+        None => Source::Nvml(Box::new(NvmlSource::default())),
+    };
+    let config = Config {
+        plugin_dir: cli.plugin_dir,
+        memory_unit_mib: cli.memory_unit_mib,
+        poll: Duration::from_secs(cli.poll_secs.max(1)),
+        recovery: Duration::from_secs(cli.recovery_secs),
+    };
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    manager::run(config, source, async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    })
+    .await
 }

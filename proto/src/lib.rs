@@ -7,3 +7,10 @@
 pub mod cri {
     tonic::include_proto!("runtime.v1");
 }
+
+/// Kubelet device plugin API `v1beta1` (Registration and DevicePlugin, client and server).
+#[cfg(feature = "deviceplugin")]
+#[allow(clippy::all, missing_docs)]
+pub mod deviceplugin {
+    tonic::include_proto!("v1beta1");
+}

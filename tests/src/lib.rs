@@ -2,3 +2,5 @@
 //! containerd (1.7 and 2.x) on private paths and drives it through CRI, as the kubelet does.
 
 pub mod containerd;
+pub mod kubelet;
+pub mod uds;

@@ -24,10 +24,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use hyper_util::rt::TokioIo;
 use tessera_proto::cri;
 use tessera_proto::cri::runtime_service_client::RuntimeServiceClient;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 pub use install::{Runtimes, Version};
 
@@ -467,14 +466,7 @@ impl Drop for Containerd {
 }
 
 async fn connect(socket: &Path) -> anyhow::Result<RuntimeServiceClient<Channel>> {
-    let socket = socket.to_path_buf();
-    let channel = Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
-        }))
-        .await?;
-    Ok(RuntimeServiceClient::new(channel))
+    Ok(RuntimeServiceClient::new(crate::uds::channel(socket).await?))
 }
 
 /// The text of a CRI log file (`<time> <stream> <P|F> <text>` lines).
