@@ -2,6 +2,7 @@
 //! ([`inventory`]), what the extender decided ([`handoff`]) and how it decides ([`placement`]).
 
 pub mod handoff;
+pub mod injection;
 pub mod inventory;
 pub mod mig;
 pub mod names;

@@ -1,1 +1,9 @@
-//! tessera-nri-plugin (see its issue).
+//! Tessera's NRI plugin: at CreateContainer it verifies the pod's signed allocation, resolves
+//! the allocated devices in the CDI specs on disk and applies their edits directly as NRI
+//! adjustments, with share limits as env. Containers without an allocation get no GPU.
+
+pub mod adjust;
+pub mod cdi;
+pub mod mux;
+pub mod plugin;
+pub mod session;

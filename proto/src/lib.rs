@@ -14,3 +14,25 @@ pub mod cri {
 pub mod deviceplugin {
     tonic::include_proto!("v1beta1");
 }
+
+/// NRI `nri.pkg.api.v1alpha1` (rust-protobuf messages, async ttrpc client and server).
+#[cfg(feature = "nri")]
+#[allow(
+    clippy::all,
+    missing_docs,
+    unused_imports,
+    unused_qualifications,
+    nonstandard_style,
+    unused_mut,
+    dead_code
+)]
+pub mod nri {
+    /// Messages.
+    pub mod api {
+        include!(concat!(env!("OUT_DIR"), "/nri/api.rs"));
+    }
+    /// ttrpc services.
+    pub mod api_ttrpc {
+        include!(concat!(env!("OUT_DIR"), "/nri/api_ttrpc.rs"));
+    }
+}

@@ -1,0 +1,246 @@
+//! What a container gets at creation: the decision the NRI plugin applies, made from the
+//! verified hand-off, the kubelet's Allocate annotations and the inventory. Deny by default.
+
+use std::collections::BTreeMap;
+
+use thiserror::Error;
+
+use crate::handoff::{AllocatedDevice, Allocation, HandoffError, SigningKeys};
+use crate::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, CDI_KIND};
+
+/// Prefix of the device plugin's Allocate annotations (`tessera.io/allocated.gpu-core`).
+pub const ALLOCATED_PREFIX: &str = "tessera.io/allocated.";
+/// Container annotation recording what was injected.
+pub const ANNOTATION_INJECTED: &str = "tessera.io/injected";
+/// Environment variables that could expose GPUs through other mechanisms; neutralised for
+/// containers without an allocation.
+pub const GPU_EXPOSING_ENV: [&str; 3] = [
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+];
+
+/// What to do with one container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Injection {
+    /// No GPU: strip GPU device nodes and neutralise GPU env.
+    Deny,
+    /// Inject these CDI devices and set this env.
+    Grant(Grant),
+}
+
+/// A container's GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Grant {
+    /// Fully qualified CDI names (`tessera.io/gpu=GPU-...`).
+    pub cdi_devices: Vec<String>,
+    /// Environment to set.
+    pub env: BTreeMap<String, String>,
+    /// UUIDs injected (for the `tessera.io/injected` annotation).
+    pub uuids: Vec<String>,
+}
+
+/// Why a container that asked for Tessera resources must not be created.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum InjectionError {
+    /// The hand-off is missing, forged, for another node or pod, or unreadable.
+    #[error("container {container:?} asked for Tessera GPUs but the pod's allocation is refused: {source}")]
+    Handoff {
+        container: String,
+        #[source]
+        source: HandoffError,
+    },
+    /// The allocation does not name this container.
+    #[error("container {container:?} asked for Tessera GPUs but the pod's allocation gives it none")]
+    NotAllocated { container: String },
+    /// The allocation gives GPUs to a container the kubelet allocated no Tessera resource to.
+    #[error(
+        "the pod's allocation gives container {container:?} GPUs, but the kubelet allocated it no Tessera resource"
+    )]
+    NotRequested { container: String },
+    /// Amounts differ between the kubelet and the hand-off.
+    #[error("container {container:?}: the kubelet allocated {resource}={kubelet} but the allocation gives {handoff}")]
+    Mismatch {
+        container: String,
+        resource: String,
+        kubelet: String,
+        handoff: String,
+    },
+}
+
+/// Inputs about the node.
+#[derive(Debug, Clone)]
+pub struct NodeContext<'a> {
+    /// This node's name.
+    pub node: &'a str,
+    /// Verification keys.
+    pub keys: &'a SigningKeys,
+    /// Whether the node runs an MPS control daemon.
+    pub mps: bool,
+}
+
+fn kubelet_amounts(container_annotations: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+    container_annotations
+        .iter()
+        .filter_map(|(k, v)| k.strip_prefix(ALLOCATED_PREFIX).map(|s| (s, v.as_str())))
+        .collect()
+}
+
+/// Decides what the container `container` of pod `pod_uid` gets.
+pub fn decide(
+    ctx: &NodeContext<'_>,
+    pod_uid: &str,
+    pod_annotations: &BTreeMap<String, String>,
+    container: &str,
+    container_annotations: &BTreeMap<String, String>,
+) -> Result<Injection, InjectionError> {
+    let asked = kubelet_amounts(container_annotations);
+    let alloc = ctx.keys.verify(
+        pod_annotations.get(ANNOTATION_ALLOCATION).map(String::as_str),
+        pod_annotations.get(ANNOTATION_ALLOCATION_SIGNATURE).map(String::as_str),
+        ctx.node,
+        pod_uid,
+    );
+    let allocation: Allocation = match alloc {
+        Ok(a) => a,
+        Err(_) if asked.is_empty() => return Ok(Injection::Deny),
+        Err(source) => {
+            return Err(InjectionError::Handoff {
+                container: container.into(),
+                source,
+            });
+        }
+    };
+    let Some(mine) = allocation.container(container) else {
+        return if asked.is_empty() {
+            Ok(Injection::Deny)
+        } else {
+            Err(InjectionError::NotAllocated {
+                container: container.into(),
+            })
+        };
+    };
+    if asked.is_empty() {
+        return Err(InjectionError::NotRequested {
+            container: container.into(),
+        });
+    }
+    cross_check(container, &asked, &mine.devices)?;
+
+    let mut grant = Grant::default();
+    let mut visible = Vec::new();
+    for d in &mine.devices {
+        match d {
+            AllocatedDevice::Gpu {
+                uuid,
+                core_percent,
+                memory_mib,
+                exclusive,
+                ..
+            } => {
+                if *exclusive {
+                    grant.cdi_devices.push(format!("{CDI_KIND}={uuid}"));
+                } else {
+                    grant.cdi_devices.push(format!("{CDI_KIND}=share-{uuid}"));
+                    let limit = allocation.core_limit.unwrap_or(*core_percent).max(*core_percent);
+                    grant.env.insert("TESSERA_GPU_CORE_LIMIT".into(), limit.to_string());
+                    grant
+                        .env
+                        .insert("TESSERA_GPU_MEMORY_LIMIT_MIB".into(), memory_mib.to_string());
+                    if ctx.mps {
+                        grant
+                            .env
+                            .insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), limit.to_string());
+                        grant.env.insert(
+                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(),
+                            format!("{uuid}={memory_mib}M"),
+                        );
+                    }
+                }
+                visible.push(uuid.clone());
+            }
+            AllocatedDevice::Mig { uuid, .. } => {
+                grant.cdi_devices.push(format!("{CDI_KIND}={uuid}"));
+                visible.push(uuid.clone());
+            }
+        }
+    }
+    grant.env.insert("CUDA_VISIBLE_DEVICES".into(), visible.join(","));
+    grant.env.insert("NVIDIA_VISIBLE_DEVICES".into(), "void".into());
+    grant.uuids = visible;
+    Ok(Injection::Grant(grant))
+}
+
+/// The kubelet's amounts (from the device plugin's Allocate annotations) must match the
+/// hand-off's: compute in percent, memory in MiB when memory was asked for, MIG counts per
+/// profile (the kubelet's MIG IDs are accounting only; the extender picks the devices).
+fn cross_check(
+    container: &str,
+    asked: &BTreeMap<&str, &str>,
+    devices: &[AllocatedDevice],
+) -> Result<(), InjectionError> {
+    let mismatch = |resource: &str, kubelet: &str, handoff: String| InjectionError::Mismatch {
+        container: container.into(),
+        resource: format!("tessera.io/{resource}"),
+        kubelet: kubelet.into(),
+        handoff,
+    };
+    let core: u64 = devices
+        .iter()
+        .filter_map(|d| match d {
+            AllocatedDevice::Gpu { core_percent, .. } => Some(u64::from(*core_percent)),
+            AllocatedDevice::Mig { .. } => None,
+        })
+        .sum();
+    let memory: u64 = devices
+        .iter()
+        .filter_map(|d| match d {
+            AllocatedDevice::Gpu {
+                memory_mib,
+                exclusive: false,
+                ..
+            } => Some(*memory_mib),
+            _ => None,
+        })
+        .sum();
+    let mut mig: BTreeMap<String, u64> = BTreeMap::new();
+    for d in devices {
+        if let AllocatedDevice::Mig { profile, .. } = d {
+            *mig.entry(format!(
+                "mig-{}",
+                profile.resource_name().trim_start_matches("tessera.io/mig-")
+            ))
+            .or_default() += 1;
+        }
+    }
+    let asked_core = asked.get("gpu-core").copied().unwrap_or("0");
+    if asked_core.parse::<u64>().ok() != Some(core) {
+        return Err(mismatch("gpu-core", asked_core, core.to_string()));
+    }
+    if let Some(mib) = asked.get("gpu-memory-mib") {
+        let has_share = devices
+            .iter()
+            .any(|d| matches!(d, AllocatedDevice::Gpu { exclusive: false, .. }));
+        if has_share && mib.parse::<u64>().ok() != Some(memory) {
+            return Err(mismatch("gpu-memory", &format!("{mib} MiB"), format!("{memory} MiB")));
+        }
+    }
+    for (resource, count) in asked
+        .iter()
+        .filter(|(k, _)| k.starts_with("mig-") && !k.ends_with(".ids"))
+    {
+        let have = mig.get(*resource).copied().unwrap_or(0);
+        if count.parse::<u64>().ok() != Some(have) {
+            return Err(mismatch(resource, count, have.to_string()));
+        }
+    }
+    for (resource, have) in &mig {
+        if !asked.contains_key(resource.as_str()) {
+            return Err(mismatch(resource, "0", have.to_string()));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

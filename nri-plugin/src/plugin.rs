@@ -1,0 +1,306 @@
+//! The NRI plugin service: Configure, Synchronize (split syncs included), CreateContainer and
+//! the bookkeeping events. Every generated method is overridden: unhandled ones answer
+//! UNIMPLEMENTED, which lets newer runtimes fall back to StateChange.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use tessera_core::handoff::SigningKeys;
+use tessera_core::injection::{self, ANNOTATION_INJECTED, Injection, NodeContext};
+use tessera_proto::nri::api;
+use tessera_proto::nri::api_ttrpc::Plugin;
+use tracing::{info, warn};
+use ttrpc::r#async::TtrpcContext;
+
+use crate::adjust;
+use crate::cdi::CdiResolver;
+
+/// NRI event numbers.
+pub mod events {
+    /// CreateContainer.
+    pub const CREATE_CONTAINER: u32 = 4;
+    /// StopContainer.
+    pub const STOP_CONTAINER: u32 = 10;
+    /// RemoveContainer.
+    pub const REMOVE_CONTAINER: u32 = 11;
+}
+
+/// The subscription: only events 1..=11 (older runtimes reject higher bits).
+pub fn event_mask() -> i32 {
+    [events::CREATE_CONTAINER, events::REMOVE_CONTAINER]
+        .iter()
+        .fold(0, |m, e| m | (1 << (e - 1)))
+}
+
+/// Plugin settings.
+#[derive(Debug, Clone)]
+pub struct PluginConfig {
+    /// This node's name (allocations for other nodes are refused).
+    pub node: String,
+    /// Hand-off verification keys.
+    pub keys: SigningKeys,
+    /// CDI spec directories.
+    pub cdi_dirs: Vec<PathBuf>,
+    /// The node runs MPS (adds MPS limits to shares).
+    pub mps: bool,
+}
+
+/// The plugin's state, shared by all sessions (it survives reconnects).
+pub struct TesseraPlugin {
+    config: PluginConfig,
+    cdi: Mutex<CdiResolver>,
+    /// Container id -> injected UUIDs.
+    injected: Mutex<HashMap<String, String>>,
+    sync: Mutex<Vec<api::Container>>,
+    syncs: tokio::sync::watch::Sender<u64>,
+}
+
+fn status(code: ttrpc::Code, msg: String) -> ttrpc::Error {
+    ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg))
+}
+
+fn unimplemented<T>(method: &str) -> ttrpc::Result<T> {
+    Err(status(
+        ttrpc::Code::UNIMPLEMENTED,
+        format!("{method} is not handled by tessera"),
+    ))
+}
+
+impl TesseraPlugin {
+    /// A plugin with `config`.
+    pub fn new(config: PluginConfig) -> Self {
+        let cdi = Mutex::new(CdiResolver::new(config.cdi_dirs.clone()));
+        let (syncs, _) = tokio::sync::watch::channel(0);
+        Self {
+            config,
+            cdi,
+            injected: Mutex::new(HashMap::new()),
+            sync: Mutex::new(Vec::new()),
+            syncs,
+        }
+    }
+
+    /// Counts completed Synchronize calls (one per connection to a runtime).
+    pub fn synchronized(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.syncs.subscribe()
+    }
+
+    /// Container id -> injected UUIDs, as the plugin knows it.
+    pub fn injected(&self) -> HashMap<String, String> {
+        self.injected.lock().expect("not poisoned").clone()
+    }
+
+    /// The CreateContainer decision and adjustment.
+    pub fn adjust(
+        &self,
+        pod: &api::PodSandbox,
+        container: &api::Container,
+    ) -> Result<api::ContainerAdjustment, String> {
+        let ctx = NodeContext {
+            node: &self.config.node,
+            keys: &self.config.keys,
+            mps: self.config.mps,
+        };
+        let pod_annotations: BTreeMap<String, String> =
+            pod.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let ctr_annotations: BTreeMap<String, String> = container
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        match injection::decide(&ctx, &pod.uid, &pod_annotations, &container.name, &ctr_annotations)
+            .map_err(|e| e.to_string())?
+        {
+            Injection::Deny => Ok(adjust::deny(container)),
+            Injection::Grant(grant) => {
+                let edits = self
+                    .cdi
+                    .lock()
+                    .map_err(|_| "CDI resolver poisoned".to_string())?
+                    .resolve(&grant.cdi_devices)
+                    .map_err(|e| {
+                        format!(
+                            "container {:?}: cannot resolve {:?}: {e}",
+                            container.name, grant.cdi_devices
+                        )
+                    })?;
+                self.injected
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(container.id.clone(), grant.uuids.join(","));
+                Ok(adjust::grant(&grant, &edits))
+            }
+        }
+    }
+
+    fn forget(&self, container: Option<&api::Container>) {
+        if let Some(c) = container {
+            self.injected.lock().expect("not poisoned").remove(&c.id);
+        }
+    }
+}
+
+/// What a running container was given, from its annotations or, as runtimes report them in
+/// Synchronize, from the env Tessera set (`CUDA_VISIBLE_DEVICES` with device UUIDs).
+fn injected_of(c: &api::Container) -> Option<String> {
+    if let Some(v) = c.annotations.get(ANNOTATION_INJECTED) {
+        return Some(v.clone());
+    }
+    let visible = c.env.iter().find_map(|e| e.strip_prefix("CUDA_VISIBLE_DEVICES="))?;
+    let tessera = c.env.iter().any(|e| e == "NVIDIA_VISIBLE_DEVICES=void")
+        && !visible.is_empty()
+        && visible
+            .split(',')
+            .all(|u| u.starts_with("GPU-") || u.starts_with("MIG-"));
+    tessera.then(|| visible.to_string())
+}
+
+#[async_trait]
+impl Plugin for TesseraPlugin {
+    async fn configure(&self, _: &TtrpcContext, req: api::ConfigureRequest) -> ttrpc::Result<api::ConfigureResponse> {
+        info!(
+            runtime = req.runtime_name,
+            version = req.runtime_version,
+            nri = req.NRI_version,
+            "configured by the runtime"
+        );
+        let mut resp = api::ConfigureResponse::new();
+        resp.events = event_mask();
+        Ok(resp)
+    }
+
+    async fn synchronize(
+        &self,
+        _: &TtrpcContext,
+        req: api::SynchronizeRequest,
+    ) -> ttrpc::Result<api::SynchronizeResponse> {
+        let mut buffered = self.sync.lock().expect("not poisoned");
+        buffered.extend(req.containers);
+        let mut resp = api::SynchronizeResponse::new();
+        if req.more {
+            // A split sync: acknowledge and wait for the rest.
+            resp.more = true;
+            return Ok(resp);
+        }
+        let containers = std::mem::take(&mut *buffered);
+        let rebuilt: HashMap<String, String> = containers
+            .iter()
+            .filter_map(|c| injected_of(c).map(|v| (c.id.clone(), v)))
+            .collect();
+        info!(containers = containers.len(), with_gpus = rebuilt.len(), "synchronized");
+        *self.injected.lock().expect("not poisoned") = rebuilt;
+        self.syncs.send_modify(|n| *n += 1);
+        Ok(resp)
+    }
+
+    async fn shutdown(&self, _: &TtrpcContext, _: api::Empty) -> ttrpc::Result<api::Empty> {
+        info!("runtime asked us to shut down");
+        Ok(api::Empty::new())
+    }
+
+    async fn create_container(
+        &self,
+        _: &TtrpcContext,
+        req: api::CreateContainerRequest,
+    ) -> ttrpc::Result<api::CreateContainerResponse> {
+        let (pod, container) = (req.pod.unwrap_or_default(), req.container.unwrap_or_default());
+        match self.adjust(&pod, &container) {
+            Ok(adj) => {
+                let mut resp = api::CreateContainerResponse::new();
+                resp.adjust = Some(adj).into();
+                Ok(resp)
+            }
+            Err(msg) => {
+                warn!(
+                    pod = pod.name,
+                    container = container.name,
+                    error = msg,
+                    "refusing container"
+                );
+                Err(status(ttrpc::Code::PERMISSION_DENIED, msg))
+            }
+        }
+    }
+
+    async fn update_container(
+        &self,
+        _: &TtrpcContext,
+        _: api::UpdateContainerRequest,
+    ) -> ttrpc::Result<api::UpdateContainerResponse> {
+        Ok(api::UpdateContainerResponse::new())
+    }
+
+    async fn stop_container(
+        &self,
+        _: &TtrpcContext,
+        _: api::StopContainerRequest,
+    ) -> ttrpc::Result<api::StopContainerResponse> {
+        // A stopped container still exists; bookkeeping ends at removal.
+        Ok(api::StopContainerResponse::new())
+    }
+
+    async fn state_change(&self, _: &TtrpcContext, req: api::StateChangeEvent) -> ttrpc::Result<api::Empty> {
+        if req.event.value() == events::REMOVE_CONTAINER as i32 {
+            self.forget(req.container.as_ref());
+        }
+        Ok(api::Empty::new())
+    }
+
+    async fn remove_container(&self, _: &TtrpcContext, req: api::ContainerEvent) -> ttrpc::Result<api::Empty> {
+        self.forget(req.container.as_ref());
+        Ok(api::Empty::new())
+    }
+
+    async fn update_pod_sandbox(
+        &self,
+        _: &TtrpcContext,
+        _: api::UpdatePodSandboxRequest,
+    ) -> ttrpc::Result<api::UpdatePodSandboxResponse> {
+        unimplemented("UpdatePodSandbox")
+    }
+
+    async fn run_pod_sandbox(&self, _: &TtrpcContext, _: api::PodSandboxEvent) -> ttrpc::Result<api::Empty> {
+        unimplemented("RunPodSandbox")
+    }
+
+    async fn post_update_pod_sandbox(&self, _: &TtrpcContext, _: api::PodSandboxEvent) -> ttrpc::Result<api::Empty> {
+        unimplemented("PostUpdatePodSandbox")
+    }
+
+    async fn stop_pod_sandbox(&self, _: &TtrpcContext, _: api::PodSandboxEvent) -> ttrpc::Result<api::Empty> {
+        unimplemented("StopPodSandbox")
+    }
+
+    async fn remove_pod_sandbox(&self, _: &TtrpcContext, _: api::PodSandboxEvent) -> ttrpc::Result<api::Empty> {
+        unimplemented("RemovePodSandbox")
+    }
+
+    async fn post_create_container(&self, _: &TtrpcContext, _: api::ContainerEvent) -> ttrpc::Result<api::Empty> {
+        unimplemented("PostCreateContainer")
+    }
+
+    async fn start_container(&self, _: &TtrpcContext, _: api::ContainerEvent) -> ttrpc::Result<api::Empty> {
+        unimplemented("StartContainer")
+    }
+
+    async fn post_start_container(&self, _: &TtrpcContext, _: api::ContainerEvent) -> ttrpc::Result<api::Empty> {
+        unimplemented("PostStartContainer")
+    }
+
+    async fn post_update_container(&self, _: &TtrpcContext, _: api::ContainerEvent) -> ttrpc::Result<api::Empty> {
+        unimplemented("PostUpdateContainer")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subscribes_only_to_old_events() {
+        assert_eq!(event_mask(), 0x8 | 0x400);
+        assert!(event_mask() <= 0x7FF);
+    }
+}

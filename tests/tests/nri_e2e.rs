@@ -1,0 +1,481 @@
+//! The NRI plugin on real containerd (1.7 and 2.x): every container gets exactly what its
+//! signed allocation says, and nothing without one.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_cdi_generator::spec::{self, SpecOptions};
+use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
+use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
+use tessera_core::inventory::{FixtureSource, InventorySource, NodeInventory, create_device_nodes};
+use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
+use tessera_core::request::ContainerRole;
+use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
+use tessera_nri_plugin::session::{self, Identity};
+use tessera_tests::containerd::{ContainerSpec, Containerd, Pod, Version};
+
+const NODE: &str = "node-a";
+
+struct Env {
+    c: Containerd,
+    keys: SigningKeys,
+    root: tempfile::TempDir,
+    h100: NodeInventory,
+    a100: NodeInventory,
+}
+
+impl Env {
+    async fn new(version: Version) -> anyhow::Result<Self> {
+        let c = Containerd::start(version).await?;
+        let root = tempfile::tempdir()?;
+        let load = |name: &str| -> anyhow::Result<NodeInventory> {
+            let inv = FixtureSource {
+                fixture: name.into(),
+                driver_root: Some(root.path().join("driver")),
+            }
+            .discover()?;
+            for f in &inv.driver_files {
+                let p = inv.host_path(f);
+                std::fs::create_dir_all(p.parent().unwrap())?;
+                std::fs::write(&p, b"fake")?;
+            }
+            create_device_nodes(&inv, &root.path().join("host"))?;
+            Ok(inv)
+        };
+        let (h100, a100) = (load("h100x8")?, load("a100-mig")?);
+        let keys = SigningKeys::new("k1", [("k1".to_string(), vec![42u8; 32])])?;
+        let env = Self {
+            c,
+            keys,
+            root,
+            h100,
+            a100,
+        };
+        env.use_spec(&env.h100)?;
+        Ok(env)
+    }
+
+    fn use_spec(&self, inv: &NodeInventory) -> anyhow::Result<()> {
+        let (_, text) = spec::render(
+            inv,
+            &SpecOptions {
+                dev_root: self.root.path().join("host"),
+            },
+        )?;
+        write_spec(&self.c.cdi_dir(), SPEC_FILE, &text)?;
+        Ok(())
+    }
+
+    fn plugin(&self) -> Arc<TesseraPlugin> {
+        Arc::new(TesseraPlugin::new(PluginConfig {
+            node: NODE.into(),
+            keys: self.keys.clone(),
+            cdi_dirs: vec![self.c.cdi_dir()],
+            mps: false,
+        }))
+    }
+
+    async fn pod(
+        &mut self,
+        name: &str,
+        node: &str,
+        containers: Vec<(&str, Vec<AllocatedDevice>)>,
+        core_limit: Option<u32>,
+    ) -> anyhow::Result<Pod> {
+        let uid = format!("uid-{name}");
+        let mut a = Allocation::new(node, &uid);
+        a.core_limit = core_limit;
+        for (c, devices) in containers {
+            a.containers.push(ContainerAllocation {
+                name: c.into(),
+                role: ContainerRole::App,
+                devices,
+            });
+        }
+        let s = self.keys.sign(&a);
+        self.c
+            .run_pod_with_uid(
+                name,
+                &uid,
+                &[
+                    (ANNOTATION_ALLOCATION, &s.allocation),
+                    (ANNOTATION_ALLOCATION_SIGNATURE, &s.signature),
+                ],
+            )
+            .await
+    }
+}
+
+fn whole(inv: &NodeInventory, i: usize) -> AllocatedDevice {
+    let g = &inv.gpus[i];
+    AllocatedDevice::Gpu {
+        uuid: g.uuid.clone(),
+        index: g.index,
+        minor: g.minor,
+        core_percent: 100,
+        memory_mib: g.memory_mib,
+        exclusive: true,
+    }
+}
+
+fn share(inv: &NodeInventory, i: usize, core: u32, mem: u64) -> AllocatedDevice {
+    let g = &inv.gpus[i];
+    AllocatedDevice::Gpu {
+        uuid: g.uuid.clone(),
+        index: g.index,
+        minor: g.minor,
+        core_percent: core,
+        memory_mib: mem,
+        exclusive: false,
+    }
+}
+
+fn nodes(spec: &oci_spec::runtime::Spec) -> BTreeSet<String> {
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.devices().clone())
+        .unwrap_or_default()
+        .iter()
+        .map(|d| d.path().display().to_string())
+        .filter(|p| {
+            p.strip_prefix("/dev/nvidia")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect()
+}
+
+fn env_of(spec: &oci_spec::runtime::Spec) -> Vec<String> {
+    spec.process()
+        .as_ref()
+        .and_then(|p| p.env().clone())
+        .unwrap_or_default()
+}
+
+fn has_env(spec: &oci_spec::runtime::Spec, kv: &str) -> bool {
+    env_of(spec).iter().any(|e| e == kv)
+}
+
+async fn wait_sync(rx: &mut tokio::sync::watch::Receiver<u64>, above: u64) -> anyhow::Result<()> {
+    tokio::time::timeout(Duration::from_secs(15), rx.wait_for(|n| *n > above)).await??;
+    Ok(())
+}
+
+async fn run_checked(c: &mut Containerd, id: &str) -> anyhow::Result<()> {
+    let (code, logs) = c.run_to_exit(id).await?;
+    anyhow::ensure!(code == 0, "container {id} exited {code}: {logs}");
+    Ok(())
+}
+
+async fn nri(version: Version) -> anyhow::Result<()> {
+    let mut e = Env::new(version).await?;
+    let plugin = e.plugin();
+    let mut synced = plugin.synchronized();
+    let socket = e.c.nri_socket();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let id = Identity {
+        name: "tessera".into(),
+        idx: "10".into(),
+    };
+    let task = tokio::spawn(session::run_external(
+        socket.clone(),
+        id.clone(),
+        plugin.clone(),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    wait_sync(&mut synced, 0).await?;
+
+    let h = e.h100.clone();
+    // Whole card.
+    let pod = e.pod("whole", NODE, vec![("main", vec![whole(&h, 3)])], None).await?;
+    let cid =
+        e.c.create_container(
+            &pod,
+            ContainerSpec::new(
+                "main",
+                &[
+                    "sh",
+                    "-c",
+                    "test -c /dev/nvidia3 && test ! -e /dev/nvidia0 && test -f /usr/local/nvidia/lib64/libcuda.so.1",
+                ],
+            )
+            .annotation("tessera.io/allocated.gpu-core", "100"),
+        )
+        .await?;
+    let s = e.c.oci_spec(&cid).await?;
+    assert_eq!(nodes(&s), BTreeSet::from(["/dev/nvidia3".to_string()]));
+    assert!(
+        has_env(&s, &format!("CUDA_VISIBLE_DEVICES={}", h.gpus[3].uuid)) && has_env(&s, "NVIDIA_VISIBLE_DEVICES=void")
+    );
+    assert!(
+        !env_of(&s).iter().any(|v| v.starts_with("TESSERA_GPU_CORE_LIMIT")),
+        "whole cards get no limits"
+    );
+    assert_eq!(
+        s.annotations()
+            .as_ref()
+            .and_then(|a| a.get("tessera.io/injected"))
+            .map(String::as_str),
+        Some(h.gpus[3].uuid.as_str())
+    );
+    run_checked(&mut e.c, &cid).await?;
+
+    // Two whole cards.
+    let pod = e
+        .pod("two", NODE, vec![("main", vec![whole(&h, 4), whole(&h, 5)])], None)
+        .await?;
+    let cid =
+        e.c.create_container(
+            &pod,
+            ContainerSpec::new("main", &["sh", "-c", "test -c /dev/nvidia4 && test -c /dev/nvidia5"])
+                .annotation("tessera.io/allocated.gpu-core", "200"),
+        )
+        .await?;
+    assert_eq!(
+        nodes(&e.c.oci_spec(&cid).await?),
+        BTreeSet::from(["/dev/nvidia4".to_string(), "/dev/nvidia5".to_string()])
+    );
+    run_checked(&mut e.c, &cid).await?;
+
+    // A share with limits.
+    let pod = e
+        .pod("share", NODE, vec![("main", vec![share(&h, 0, 30, 8192)])], Some(50))
+        .await?;
+    let cid = e.c.create_container(
+        &pod,
+        ContainerSpec::new("main", &["sh", "-c", "test -c /dev/nvidia0 && test \"$TESSERA_GPU_CORE_LIMIT\" = 50 && test \"$TESSERA_GPU_MEMORY_LIMIT_MIB\" = 8192"])
+            .annotation("tessera.io/allocated.gpu-core", "30")
+            .annotation("tessera.io/allocated.gpu-memory", "8")
+            .annotation("tessera.io/allocated.gpu-memory-mib", "8192"),
+    ).await?;
+    let s = e.c.oci_spec(&cid).await?;
+    assert_eq!(nodes(&s), BTreeSet::from(["/dev/nvidia0".to_string()]));
+    assert!(has_env(&s, "TESSERA_GPU_CORE_LIMIT=50") && has_env(&s, "TESSERA_GPU_MEMORY_LIMIT_MIB=8192"));
+    run_checked(&mut e.c, &cid).await?;
+
+    // Two containers, each on its own card; a third container in the pod gets nothing.
+    let pod = e
+        .pod(
+            "pair",
+            NODE,
+            vec![("a", vec![whole(&h, 1)]), ("b", vec![whole(&h, 2)])],
+            None,
+        )
+        .await?;
+    let a =
+        e.c.create_container(
+            &pod,
+            ContainerSpec::new("a", &["sh", "-c", "test -c /dev/nvidia1 && test ! -e /dev/nvidia2"])
+                .annotation("tessera.io/allocated.gpu-core", "100"),
+        )
+        .await?;
+    let b =
+        e.c.create_container(
+            &pod,
+            ContainerSpec::new("b", &["sh", "-c", "test -c /dev/nvidia2 && test ! -e /dev/nvidia1"])
+                .annotation("tessera.io/allocated.gpu-core", "100"),
+        )
+        .await?;
+    let side =
+        e.c.create_container(
+            &pod,
+            ContainerSpec::new(
+                "side",
+                &[
+                    "sh",
+                    "-c",
+                    "test ! -e /dev/nvidia1 && test ! -e /dev/nvidia2 && test \"$NVIDIA_VISIBLE_DEVICES\" = void",
+                ],
+            )
+            .env("NVIDIA_VISIBLE_DEVICES", "all"),
+        )
+        .await?;
+    assert_eq!(
+        nodes(&e.c.oci_spec(&a).await?),
+        BTreeSet::from(["/dev/nvidia1".to_string()])
+    );
+    assert_eq!(
+        nodes(&e.c.oci_spec(&b).await?),
+        BTreeSet::from(["/dev/nvidia2".to_string()])
+    );
+    let s = e.c.oci_spec(&side).await?;
+    assert!(nodes(&s).is_empty() && has_env(&s, "NVIDIA_VISIBLE_DEVICES=void"));
+    for id in [a, b, side] {
+        run_checked(&mut e.c, &id).await?;
+    }
+
+    // A pod with no allocation at all, asking for nothing: no GPU, GPU env neutralised.
+    let plain = e.c.run_pod("plain", &[]).await?;
+    let cid =
+        e.c.create_container(
+            &plain,
+            ContainerSpec::new(
+                "main",
+                &[
+                    "sh",
+                    "-c",
+                    "test ! -e /dev/nvidiactl && test \"$NVIDIA_VISIBLE_DEVICES\" = void",
+                ],
+            )
+            .env("NVIDIA_VISIBLE_DEVICES", "all"),
+        )
+        .await?;
+    assert!(nodes(&e.c.oci_spec(&cid).await?).is_empty());
+    run_checked(&mut e.c, &cid).await?;
+
+    // Forged, other node, and asked-but-unallocated containers fail to create, saying why.
+    let pod = e
+        .pod("forged", NODE, vec![("main", vec![share(&h, 6, 10, 1024)])], None)
+        .await?;
+    let mut forged_cfg = pod.config.clone();
+    let v = forged_cfg.annotations.get_mut(ANNOTATION_ALLOCATION).unwrap();
+    *v = v.replace("\"core_percent\":10", "\"core_percent\":100");
+    let forged =
+        e.c.run_pod_with_uid(
+            "forged2",
+            "uid-forged",
+            &forged_cfg
+                .annotations
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .await?;
+    let err =
+        e.c.create_container(
+            &forged,
+            ContainerSpec::new("main", &["true"]).annotation("tessera.io/allocated.gpu-core", "100"),
+        )
+        .await
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("forged"), "{err:#}");
+    let other = e
+        .pod("other", "node-b", vec![("main", vec![whole(&h, 7)])], None)
+        .await?;
+    let err =
+        e.c.create_container(
+            &other,
+            ContainerSpec::new("main", &["true"]).annotation("tessera.io/allocated.gpu-core", "100"),
+        )
+        .await
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("node-b"), "{err:#}");
+    let err =
+        e.c.create_container(
+            &plain,
+            ContainerSpec::new("sneaky", &["true"]).annotation("tessera.io/allocated.gpu-core", "100"),
+        )
+        .await
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("no tessera.io/allocation"), "{err:#}");
+
+    // MIG: switch the node's spec to the A100 fixture.
+    e.use_spec(&e.a100.clone())?;
+    let a100 = e.a100.clone();
+    let m = &a100.gpus[1].mig_devices[2];
+    let mig = AllocatedDevice::Mig {
+        uuid: m.uuid.clone(),
+        profile: m.profile.clone(),
+        parent_uuid: a100.gpus[1].uuid.clone(),
+        parent_index: 1,
+        gi: m.gi,
+        ci: m.ci,
+    };
+    let pod = e.pod("mig", NODE, vec![("main", vec![mig])], None).await?;
+    let cid =
+        e.c.create_container(
+            &pod,
+            ContainerSpec::new("main", &["sh", "-c", "test -c /dev/nvidia1 && test ! -e /dev/nvidia0"])
+                .annotation("tessera.io/allocated.mig-1g.5gb", "1"),
+        )
+        .await?;
+    let s = e.c.oci_spec(&cid).await?;
+    assert_eq!(nodes(&s), BTreeSet::from(["/dev/nvidia1".to_string()]));
+    let caps: BTreeSet<String> = s
+        .linux()
+        .as_ref()
+        .and_then(|l| l.devices().clone())
+        .unwrap_or_default()
+        .iter()
+        .map(|d| d.path().display().to_string())
+        .filter(|p| p.starts_with("/dev/nvidia-caps/"))
+        .collect();
+    assert_eq!(
+        caps,
+        BTreeSet::from([
+            m.gi_access.path.display().to_string(),
+            m.ci_access.path.display().to_string()
+        ])
+    );
+    assert!(has_env(&s, &format!("CUDA_VISIBLE_DEVICES={}", m.uuid)));
+    run_checked(&mut e.c, &cid).await?;
+    assert!(plugin.injected().contains_key(&cid));
+
+    // Runtime restart: the plugin reconnects (a new Synchronize) and the next container is
+    // still injected.
+    let before = *synced.borrow();
+    e.c.stop_daemon();
+    e.c.start_daemon().await?;
+    wait_sync(&mut synced, before).await?;
+    let pod = e
+        .pod("after-restart", NODE, vec![("main", vec![whole(&a100, 3)])], None)
+        .await?;
+    let cid =
+        e.c.create_container(
+            &pod,
+            ContainerSpec::new("main", &["sh", "-c", "test -c /dev/nvidia3"])
+                .annotation("tessera.io/allocated.gpu-core", "100"),
+        )
+        .await?;
+    assert_eq!(
+        nodes(&e.c.oci_spec(&cid).await?),
+        BTreeSet::from(["/dev/nvidia3".to_string()])
+    );
+    run_checked(&mut e.c, &cid).await?;
+
+    // A fresh plugin (as after a plugin restart) learns running containers from Synchronize.
+    let pod = e
+        .pod("running", NODE, vec![("main", vec![whole(&a100, 3)])], None)
+        .await?;
+    let cid =
+        e.c.create_container(
+            &pod,
+            ContainerSpec::new("main", &["sleep", "600"]).annotation("tessera.io/allocated.gpu-core", "100"),
+        )
+        .await?;
+    e.c.cri()?
+        .start_container(tessera_proto::cri::StartContainerRequest {
+            container_id: cid.clone(),
+        })
+        .await?;
+    let _ = stop_tx.send(());
+    task.await?;
+    let fresh = e.plugin();
+    let mut fresh_synced = fresh.synchronized();
+    let (stop2, stop2_rx) = tokio::sync::oneshot::channel::<()>();
+    let task2 = tokio::spawn(session::run_external(socket.clone(), id, fresh.clone(), async move {
+        let _ = stop2_rx.await;
+    }));
+    wait_sync(&mut fresh_synced, 0).await?;
+    let known = fresh.injected();
+    assert_eq!(
+        known.get(&cid).map(String::as_str),
+        Some(a100.gpus[3].uuid.as_str()),
+        "{known:?}"
+    );
+    let _ = stop2.send(());
+    task2.await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_plugin_on_containerd_1_7() -> anyhow::Result<()> {
+    nri(Version::V1_7).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nri_plugin_on_containerd_2() -> anyhow::Result<()> {
+    nri(Version::V2).await
+}
