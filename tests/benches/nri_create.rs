@@ -1,0 +1,163 @@
+//! CRI CreateContainer time with the NRI plugin connected vs without it, same run, on both
+//! containerd versions. Prints the median and p90 per case, the median added time and the
+//! ratio. Run as root: `cargo bench -p tessera-tests --bench nri_create`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_cdi_generator::spec::{self, SpecOptions};
+use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
+use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
+use tessera_core::inventory::{FixtureSource, InventorySource};
+use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
+use tessera_core::request::ContainerRole;
+use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
+use tessera_nri_plugin::session::{self, Identity};
+use tessera_tests::containerd::{ContainerSpec, Containerd, Version};
+
+const N: usize = 60;
+
+fn quantile(v: &mut [Duration], q: f64) -> Duration {
+    v.sort();
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+async fn measure(
+    c: &mut Containerd,
+    tag: &str,
+    gpu: bool,
+    keys: &SigningKeys,
+    uuid: &str,
+) -> anyhow::Result<Vec<Duration>> {
+    let uid = format!("uid-bench-{tag}");
+    let mut a = Allocation::new("node-a", &uid);
+    a.containers = (0..N)
+        .map(|i| ContainerAllocation {
+            name: format!("c{i}"),
+            role: ContainerRole::App,
+            devices: vec![AllocatedDevice::Gpu {
+                uuid: uuid.into(),
+                index: 0,
+                minor: 0,
+                core_percent: 1,
+                memory_mib: 64,
+                exclusive: false,
+            }],
+        })
+        .collect();
+    let s = keys.sign(&a);
+    let annotations: Vec<(&str, &str)> = if gpu {
+        vec![
+            (ANNOTATION_ALLOCATION, s.allocation.as_str()),
+            (ANNOTATION_ALLOCATION_SIGNATURE, s.signature.as_str()),
+        ]
+    } else {
+        Vec::new()
+    };
+    let pod = c.run_pod_with_uid(&format!("bench-{tag}"), &uid, &annotations).await?;
+    let mut times = Vec::with_capacity(N);
+    for i in 0..N {
+        let mut spec = ContainerSpec::new(&format!("c{i}"), &["true"]);
+        if gpu {
+            spec = spec.annotation("tessera.io/allocated.gpu-core", "1");
+        }
+        let t = Instant::now();
+        c.create_container(&pod, spec).await?;
+        times.push(t.elapsed());
+    }
+    c.remove_pod(&pod).await?;
+    Ok(times)
+}
+
+async fn bench(version: Version) -> anyhow::Result<()> {
+    let mut c = Containerd::start(version).await?;
+    let root = tempfile::tempdir()?;
+    let inv = FixtureSource {
+        fixture: "h100x8".into(),
+        driver_root: Some(root.path().join("driver")),
+    }
+    .discover()?;
+    for f in &inv.driver_files {
+        let p = inv.host_path(f);
+        std::fs::create_dir_all(p.parent().unwrap())?;
+        std::fs::write(&p, b"fake")?;
+    }
+    let (_, text) = spec::render(&inv, &SpecOptions::default())?;
+    write_spec(&c.cdi_dir(), SPEC_FILE, &text)?;
+    let keys = SigningKeys::new("k", [("k".to_string(), vec![1u8; 32])])?;
+    let uuid = inv.gpus[0].uuid.clone();
+
+    // Warm up the image and runtime paths, then measure without the plugin.
+    measure(&mut c, "warm", false, &keys, &uuid).await?;
+    let mut without = measure(&mut c, "without", false, &keys, &uuid).await?;
+
+    let plugin = Arc::new(TesseraPlugin::new(PluginConfig {
+        node: "node-a".into(),
+        keys: keys.clone(),
+        cdi_dirs: vec![c.cdi_dir()],
+        mps: false,
+    }));
+    let mut synced = plugin.synchronized();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(session::run_external(
+        c.nri_socket(),
+        Identity {
+            name: "tessera".into(),
+            idx: "10".into(),
+        },
+        plugin,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    tokio::time::timeout(Duration::from_secs(15), synced.wait_for(|n| *n > 0)).await??;
+    let mut plain = measure(&mut c, "plugin-nogpu", false, &keys, &uuid).await?;
+    let mut gpu = measure(&mut c, "plugin-gpu", true, &keys, &uuid).await?;
+    let _ = stop.send(());
+    task.await?;
+
+    let (m0, m1, m2) = (
+        quantile(&mut without, 0.5),
+        quantile(&mut plain, 0.5),
+        quantile(&mut gpu, 0.5),
+    );
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "containerd {} ({N} CreateContainer calls per case)",
+        c.package_version()
+    );
+    println!(
+        "  without plugin            median {:7.3} ms  p90 {:7.3} ms",
+        ms(m0),
+        ms(quantile(&mut without, 0.9))
+    );
+    println!(
+        "  plugin, container no GPU  median {:7.3} ms  p90 {:7.3} ms",
+        ms(m1),
+        ms(quantile(&mut plain, 0.9))
+    );
+    println!(
+        "  plugin, GPU share         median {:7.3} ms  p90 {:7.3} ms",
+        ms(m2),
+        ms(quantile(&mut gpu, 0.9))
+    );
+    println!(
+        "  added at the median: {:+.3} ms (no GPU), {:+.3} ms (GPU); ratio {:.3} / {:.3}",
+        ms(m1) - ms(m0),
+        ms(m2) - ms(m0),
+        ms(m1) / ms(m0),
+        ms(m2) / ms(m0)
+    );
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    if std::env::args().any(|a| a == "--list") {
+        return Ok(());
+    }
+    for v in Version::ALL {
+        bench(v).await?;
+    }
+    Ok(())
+}
