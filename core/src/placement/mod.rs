@@ -367,27 +367,21 @@ impl Engine {
             let core = u32::try_from(removed_milli).expect("share is at most one card");
             self.shape.frees[self.positions[card]] -= core;
         }
-        let gpu_free_after = node.gpu_free_milli() - removed_milli;
-        let capacity = node.gpu_capacity_milli();
-        let cpu_util_after = 1.0 - cpu_after as f64 / node.cpu_milli.max(1) as f64;
-        let score = match node_policy {
-            PolicyKind::Fgd | PolicyKind::Mosaic => {
-                let after = self.frag.eval(self.shape.model, cpu_after, &self.shape.frees);
-                if node_policy == PolicyKind::Fgd {
-                    fgd_score(before, after)
-                } else {
-                    mosaic_node_score(before, after, gpu_free_after, pod.wants_cards())
-                }
-            }
-            _ => simple_node_score(
-                node_policy,
-                &mut self.rng,
-                cpu_after,
-                gpu_free_after,
-                capacity,
-                cpu_util_after,
-            ),
+        let after = NodeAfter {
+            cpu_free: cpu_after,
+            cpu_total: node.cpu_milli,
+            gpu_free: node.gpu_free_milli() - removed_milli,
+            gpu_capacity: node.gpu_capacity_milli(),
         };
+        let (frag, shape, rng) = (&mut self.frag, &self.shape, &mut self.rng);
+        let score = node_score(
+            node_policy,
+            rng,
+            before,
+            || frag.eval(shape.model, cpu_after, &shape.frees),
+            &after,
+            pod,
+        );
         Ok((score, Some(choice)))
     }
 
@@ -416,28 +410,14 @@ impl Engine {
         };
         let mut after_node = self.cluster.nodes[n].clone();
         fit::commit(&mut after_node, pod, usage);
-        let cpu_after = after_node.cpu_free();
-        let gpu_free_after = after_node.gpu_free_milli();
-        let capacity = after_node.gpu_capacity_milli();
-        let cpu_util_after = 1.0 - cpu_after as f64 / after_node.cpu_milli.max(1) as f64;
-        match node_policy {
-            PolicyKind::Fgd | PolicyKind::Mosaic => {
-                let after = self.frag.of_node(&after_node);
-                if node_policy == PolicyKind::Fgd {
-                    fgd_score(before, after)
-                } else {
-                    mosaic_node_score(before, after, gpu_free_after, pod.wants_cards())
-                }
-            }
-            _ => simple_node_score(
-                node_policy,
-                &mut self.rng,
-                cpu_after,
-                gpu_free_after,
-                capacity,
-                cpu_util_after,
-            ),
-        }
+        let after = NodeAfter {
+            cpu_free: after_node.cpu_free(),
+            cpu_total: after_node.cpu_milli,
+            gpu_free: after_node.gpu_free_milli(),
+            gpu_capacity: after_node.gpu_capacity_milli(),
+        };
+        let (frag, rng) = (&mut self.frag, &mut self.rng);
+        node_score(node_policy, rng, before, || frag.of_node(&after_node), &after, pod)
     }
 
     /// The plan for `pod` on node `n` (card tier only).
@@ -581,6 +561,41 @@ fn mosaic_node_score(before: f64, after: f64, gpu_free_after: u64, wants_cards: 
         ((before - after) / MOSAIC_STEP).floor()
     } else {
         (before - after) - gpu_free_after as f64 * 1e-3
+    }
+}
+
+/// A node as it would be after a placement.
+struct NodeAfter {
+    cpu_free: u64,
+    cpu_total: u64,
+    gpu_free: u64,
+    gpu_capacity: u64,
+}
+
+/// The node-tier score of a placement; `frag_after` is evaluated only for the policies that
+/// use fragmentation.
+fn node_score(
+    policy: PolicyKind,
+    rng: &mut Rng,
+    before: f64,
+    frag_after: impl FnOnce() -> f64,
+    after: &NodeAfter,
+    pod: &PodDemand,
+) -> f64 {
+    match policy {
+        PolicyKind::Fgd => fgd_score(before, frag_after()),
+        PolicyKind::Mosaic => mosaic_node_score(before, frag_after(), after.gpu_free, pod.wants_cards()),
+        _ => {
+            let cpu_util = 1.0 - after.cpu_free as f64 / after.cpu_total.max(1) as f64;
+            simple_node_score(
+                policy,
+                rng,
+                after.cpu_free,
+                after.gpu_free,
+                after.gpu_capacity,
+                cpu_util,
+            )
+        }
     }
 }
 
