@@ -46,6 +46,8 @@ where
 {
     let (mut rd, mut wr) = tokio::io::split(socket);
     let (frames_tx, mut frames_rx) = mpsc::channel::<Vec<u8>>(64);
+    // Set when the socket closes: the pumps then drop their halves so the conns see EOF.
+    let (gone_tx, gone_rx) = tokio::sync::watch::channel(false);
     let mut conns = HashMap::new();
     let mut sinks = HashMap::new();
     for &id in ids {
@@ -54,11 +56,16 @@ where
         sinks.insert(id, to_conn);
         conns.insert(id, ours);
         let frames_tx = frames_tx.clone();
+        let mut gone = gone_rx.clone();
         // Pump: whatever the conn's user writes goes out in frames of at most MAX_FRAME.
         tokio::spawn(async move {
             let mut buf = vec![0u8; MAX_PAYLOAD];
             loop {
-                match from_conn.read(&mut buf).await {
+                let read = tokio::select! {
+                    r = from_conn.read(&mut buf) => r,
+                    _ = gone.wait_for(|g| *g) => return,
+                };
+                match read {
                     Ok(0) | Err(_) => return,
                     Ok(n) => {
                         if frames_tx.send(frame(id, &buf[..n])).await.is_err() {
@@ -99,8 +106,9 @@ where
                 sinks.remove(&id);
             }
         }
-        // Closing the sinks gives the conn users EOF.
+        // Closing the sinks and stopping the pumps gives the conn users EOF.
         drop(sinks);
+        let _ = gone_tx.send(true);
         let _ = closed_tx.send(());
     });
     Mux { conns, closed }
