@@ -1,0 +1,156 @@
+//! Runtime-launched mode on real containerd (1.7 and 2.x): the plugin binary sits in the
+//! runtime's NRI plugin directory as `10-tessera`, the runtime starts it with the socket on
+//! fd 3 and an empty environment, and relaunches it after its own restart.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+
+use tessera_cdi_generator::spec::{self, SpecOptions};
+use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
+use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
+use tessera_core::inventory::{FixtureSource, InventorySource, create_device_nodes};
+use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
+use tessera_core::request::ContainerRole;
+use tessera_tests::containerd::{ContainerSpec, Containerd, Version};
+
+const NODE: &str = "node-l";
+const BIN: &str = env!("CARGO_BIN_EXE_tessera-nri-plugin");
+
+/// Writes the `10-tessera` launcher (the runtime passes no arguments and no PATH, so a
+/// wrapper supplies the flags) and the hand-off key.
+fn install(c: &Containerd, work: &Path) -> anyhow::Result<()> {
+    let keys = work.join("keys");
+    std::fs::create_dir_all(&keys)?;
+    std::fs::write(keys.join("active"), "k1\n")?;
+    std::fs::write(keys.join("k1"), [7u8; 32])?;
+    let launcher = c.dir().join("nri-plugins").join("10-tessera");
+    std::fs::write(
+        &launcher,
+        format!(
+            "#!/bin/sh\nexec {BIN} run --node-name {NODE} --keys-dir {} --cdi-dir {} 2>>{}\n",
+            keys.display(),
+            c.cdi_dir().display(),
+            work.join("plugin.log").display()
+        ),
+    )?;
+    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+/// Creates a container whose pod holds a signed allocation of GPU 2 and returns its device
+/// GPU device nodes after running it to a clean exit.
+async fn injected_nodes(c: &mut Containerd, name: &str, keys: &SigningKeys) -> anyhow::Result<Vec<String>> {
+    let uid = format!("uid-{name}");
+    let inv = FixtureSource {
+        fixture: "h100x8".into(),
+        driver_root: None,
+    }
+    .discover()?;
+    let g = &inv.gpus[2];
+    let mut a = Allocation::new(NODE, &uid);
+    a.containers.push(ContainerAllocation {
+        name: "main".into(),
+        role: ContainerRole::App,
+        devices: vec![AllocatedDevice::Gpu {
+            uuid: g.uuid.clone(),
+            index: g.index,
+            minor: g.minor,
+            core_percent: 100,
+            memory_mib: g.memory_mib,
+            exclusive: true,
+        }],
+    });
+    let s = keys.sign(&a);
+    let pod = c
+        .run_pod_with_uid(
+            name,
+            &uid,
+            &[
+                (ANNOTATION_ALLOCATION, &s.allocation),
+                (ANNOTATION_ALLOCATION_SIGNATURE, &s.signature),
+            ],
+        )
+        .await?;
+    // The runtime waits for pre-installed plugins to register and synchronize before it
+    // serves CRI, so the first container is already injected.
+    let id = c
+        .create_container(
+            &pod,
+            ContainerSpec::new("main", &["sh", "-c", "test -c /dev/nvidia2 && test ! -e /dev/nvidia0"])
+                .annotation("tessera.io/allocated.gpu-core", "100"),
+        )
+        .await?;
+    let spec = c.oci_spec(&id).await?;
+    anyhow::ensure!(
+        spec.annotations()
+            .as_ref()
+            .and_then(|a| a.get("tessera.io/injected"))
+            .is_some(),
+        "the container was not injected"
+    );
+    let (code, logs) = c.run_to_exit(&id).await?;
+    anyhow::ensure!(code == 0, "container exited {code}: {logs}");
+    Ok(spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.devices().clone())
+        .unwrap_or_default()
+        .iter()
+        .map(|d| d.path().display().to_string())
+        .filter(|p| {
+            p.strip_prefix("/dev/nvidia")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect())
+}
+
+async fn launched(version: Version) -> anyhow::Result<()> {
+    let mut c = Containerd::start(version).await?;
+    let work = tempfile::tempdir()?;
+    let dev = work.path().join("host");
+    let inv = FixtureSource {
+        fixture: "h100x8".into(),
+        driver_root: Some(work.path().join("driver")),
+    }
+    .discover()?;
+    for f in &inv.driver_files {
+        let p = inv.host_path(f);
+        std::fs::create_dir_all(p.parent().unwrap())?;
+        std::fs::write(&p, b"fake")?;
+    }
+    create_device_nodes(&inv, &dev)?;
+    let (_, text) = spec::render(&inv, &SpecOptions { dev_root: dev })?;
+    write_spec(&c.cdi_dir(), SPEC_FILE, &text)?;
+    install(&c, work.path())?;
+    // The runtime launches its plugins when NRI starts, so restart it with the launcher in place.
+    c.stop_daemon();
+    c.start_daemon().await?;
+    let keys = SigningKeys::new("k1", [("k1".to_string(), vec![7u8; 32])])?;
+    let log = || std::fs::read_to_string(work.path().join("plugin.log")).unwrap_or_default();
+
+    let nodes = injected_nodes(&mut c, "first", &keys)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\nplugin log:\n{}\nruntime log:\n{}", log(), c.log_tail(30)))?;
+    assert_eq!(nodes, ["/dev/nvidia2"]);
+    assert!(log().contains("registered with the runtime"), "{}", log());
+
+    // The runtime restarts: the old process sees EOF and exits, the runtime launches a new one.
+    c.stop_daemon();
+    c.start_daemon().await?;
+    let nodes = injected_nodes(&mut c, "second", &keys)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\nplugin log:\n{}\nruntime log:\n{}", log(), c.log_tail(30)))?;
+    assert_eq!(nodes, ["/dev/nvidia2"]);
+    assert_eq!(log().matches("registered with the runtime").count(), 2, "{}", log());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn launched_by_containerd_1_7() -> anyhow::Result<()> {
+    launched(Version::V1_7).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn launched_by_containerd_2() -> anyhow::Result<()> {
+    launched(Version::V2).await
+}
