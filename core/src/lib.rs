@@ -4,6 +4,7 @@
 pub mod handoff;
 pub mod injection;
 pub mod inventory;
+pub mod ledger;
 pub mod mig;
 pub mod names;
 pub mod placement;

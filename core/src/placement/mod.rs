@@ -17,7 +17,8 @@ use std::fmt;
 
 pub use demand::{CardDemand, ContainerDemand, PodDemand};
 pub use fit::{
-    CardAssign, CardUsage, ContainerPlacement, NodePlan, PodUsage, ShareChooser, check_node_resources, plan_node,
+    CardAssign, CardUsage, ContainerPlacement, NodePlan, PodUsage, ShareChooser, check_node_resources,
+    commit as commit_usage, plan_node, release as release_usage,
 };
 pub use frag::{Fragmentation, NodeShape, TargetWorkload, WorkloadClass, WorkloadLearner, fgd_score};
 pub use rng::Rng;
@@ -94,6 +95,7 @@ pub struct Engine {
     config: EngineConfig,
     rng: Rng,
     frag: Fragmentation,
+    workload: TargetWorkload,
     node_frag: Vec<Option<f64>>,
     shape: NodeShape,
     positions: Vec<usize>,
@@ -173,6 +175,7 @@ impl Engine {
             config,
             rng: Rng::new(config.seed),
             frag,
+            workload: workload.clone(),
             node_frag: vec![None; n],
             shape: NodeShape::default(),
             positions: Vec::new(),
@@ -184,9 +187,15 @@ impl Engine {
         self.config
     }
 
+    /// The target workload fragmentation is measured against.
+    pub fn workload(&self) -> &TargetWorkload {
+        &self.workload
+    }
+
     /// Replaces the target workload (e.g. from a [`WorkloadLearner`]).
     pub fn set_workload(&mut self, workload: &TargetWorkload) {
         self.frag = Fragmentation::new(workload, &self.cluster);
+        self.workload = workload.clone();
         self.node_frag.iter_mut().for_each(|f| *f = None);
     }
 

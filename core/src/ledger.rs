@@ -1,0 +1,440 @@
+//! The ledger: what every pod holds on every node, the one account the extender places against.
+//!
+//! It is fed from two sides: node inventories and bound pods (from the API server, with their
+//! signed allocations), and the extender's own reservations at bind time. Bookings are kept by
+//! pod UID and independently of the node's card positions, so a node that is re-published
+//! (a card turns unhealthy, the node restarts) is rebuilt from the bookings on it, and a pod
+//! seen before its node is counted once the node appears.
+//!
+//! It also converts between the engine's plans (card positions) and hand-off allocations
+//! (device UUIDs), in both directions.
+
+use std::collections::{BTreeSet, HashMap};
+
+use thiserror::Error;
+
+use crate::handoff::{AllocatedDevice, Allocation, ContainerAllocation};
+use crate::inventory::Gpu;
+use crate::placement::{
+    CARD_MILLI, CardUsage, ClusterState, Engine, EngineConfig, NodePlan, NodeState, PodDemand, PodUsage,
+    TargetWorkload, check_node_resources,
+};
+
+/// What a node offers, as the API server describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeCapacity {
+    /// Allocatable CPU, millicores.
+    pub cpu_milli: u64,
+    /// Allocatable memory, bytes.
+    pub memory_bytes: u64,
+    /// Its published GPUs (empty when it publishes none).
+    pub gpus: Vec<Gpu>,
+    /// False when cordoned.
+    pub schedulable: bool,
+}
+
+/// Whether a booking is confirmed by the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Reserved by this extender while it binds; not yet seen bound.
+    Reserved,
+    /// Seen bound to the node.
+    Bound,
+}
+
+/// One pod's hold on one node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Booking {
+    /// Node name.
+    pub node: String,
+    /// What the pod needs (CPU, memory, and its containers and phases).
+    pub demand: PodDemand,
+    /// The cards it was given; `None` for pods without GPUs.
+    pub allocation: Option<Allocation>,
+    /// Reserved or bound.
+    pub hold: Hold,
+}
+
+/// Why the ledger refused something.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LedgerError {
+    /// The node is not known (no such node, or it was deleted).
+    #[error("node {0:?} is not known to the extender")]
+    UnknownNode(String),
+    /// The pod does not fit on the node now.
+    #[error("pod does not fit on node {node:?}: {reason}")]
+    DoesNotFit {
+        /// Node name.
+        node: String,
+        /// The engine's reason.
+        reason: String,
+    },
+    /// An allocation names a device the node does not have.
+    #[error("allocation for node {node:?} names device {uuid}, which the node does not publish")]
+    UnknownDevice {
+        /// Node name.
+        node: String,
+        /// The device UUID.
+        uuid: String,
+    },
+    /// An allocation names a container the pod does not have (or gives cards to one that asked
+    /// for none).
+    #[error("allocation names container {0:?}, which asks for no GPU in the pod spec")]
+    UnknownContainer(String),
+}
+
+/// Every node and every pod's hold on it.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    engine: Engine,
+    bookings: HashMap<String, Booking>,
+    by_node: HashMap<String, BTreeSet<String>>,
+    capacity: HashMap<String, NodeCapacity>,
+}
+
+impl Ledger {
+    /// An empty ledger placing with `config` against `workload`.
+    pub fn new(config: EngineConfig, workload: &TargetWorkload) -> Self {
+        Self {
+            engine: Engine::new(Default::default(), workload, config),
+            bookings: HashMap::new(),
+            by_node: HashMap::new(),
+            capacity: HashMap::new(),
+        }
+    }
+
+    /// The engine, for evaluating nodes.
+    pub fn engine(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
+    /// The cluster as the engine sees it.
+    pub fn cluster(&self) -> &ClusterState {
+        &self.engine.cluster
+    }
+
+    /// Replaces the target workload.
+    pub fn set_workload(&mut self, workload: &TargetWorkload) {
+        self.engine.set_workload(workload);
+    }
+
+    /// A node's position in the engine, if it is known (and not deleted).
+    pub fn node_index(&self, name: &str) -> Option<usize> {
+        self.capacity
+            .contains_key(name)
+            .then(|| self.engine.cluster.node_index(name))
+            .flatten()
+    }
+
+    /// Number of known nodes.
+    pub fn node_count(&self) -> usize {
+        self.capacity.len()
+    }
+
+    /// A pod's booking, by UID.
+    pub fn booking(&self, uid: &str) -> Option<&Booking> {
+        self.bookings.get(uid)
+    }
+
+    /// Number of bookings.
+    pub fn booking_count(&self) -> usize {
+        self.bookings.len()
+    }
+
+    /// Adds or replaces a node and re-applies the bookings on it. Returns the bookings that
+    /// name devices the node no longer has (counted without those devices).
+    pub fn set_node(&mut self, name: &str, capacity: NodeCapacity) -> Vec<(String, LedgerError)> {
+        if self.capacity.get(name) == Some(&capacity) {
+            return Vec::new();
+        }
+        let models_before = self.engine.cluster.model_count();
+        let cards = self.engine.cluster.cards_from_inventory(&capacity.gpus);
+        let node = NodeState {
+            name: name.to_string(),
+            cpu_milli: capacity.cpu_milli,
+            cpu_used: 0,
+            memory_bytes: capacity.memory_bytes,
+            memory_used: 0,
+            cards,
+            schedulable: capacity.schedulable,
+        };
+        let i = self.engine.cluster.add_node(node);
+        self.capacity.insert(name.to_string(), capacity);
+        let mut problems = Vec::new();
+        for uid in self.by_node.get(name).cloned().unwrap_or_default() {
+            let b = &self.bookings[&uid];
+            if let Err(e) = apply(&mut self.engine.cluster.nodes[i], b, Direction::Commit) {
+                problems.push((uid, e));
+            }
+        }
+        if self.engine.cluster.model_count() != models_before {
+            // A new model: recompile the workload's model constraints.
+            let workload = self.engine.workload().clone();
+            self.engine.set_workload(&workload);
+        }
+        self.engine.node_changed(i);
+        problems
+    }
+
+    /// Removes a node. Its bookings are kept (the pods still exist until they are deleted) and
+    /// count again if the node comes back.
+    pub fn remove_node(&mut self, name: &str) {
+        if self.capacity.remove(name).is_none() {
+            return;
+        }
+        if let Some(i) = self.engine.cluster.node_index(name) {
+            let n = &mut self.engine.cluster.nodes[i];
+            *n = NodeState {
+                name: name.to_string(),
+                cpu_milli: 0,
+                cpu_used: 0,
+                memory_bytes: 0,
+                memory_used: 0,
+                cards: Vec::new(),
+                schedulable: false,
+            };
+            self.engine.node_changed(i);
+        }
+    }
+
+    /// Books `uid` (replacing any earlier booking of it). An allocation that does not map onto
+    /// the node is refused and nothing changes.
+    pub fn book(&mut self, uid: &str, booking: Booking) -> Result<(), LedgerError> {
+        if let Some(i) = self.node_index(&booking.node) {
+            // Check on a copy first so that a bad allocation changes nothing.
+            let mut probe = self.engine.cluster.nodes[i].clone();
+            if let Some(old) = self.bookings.get(uid).filter(|o| o.node == booking.node) {
+                let _ = apply(&mut probe, old, Direction::Release);
+            }
+            apply(&mut probe, &booking, Direction::Commit)?;
+        }
+        self.unbook(uid);
+        if let Some(i) = self.node_index(&booking.node) {
+            apply(&mut self.engine.cluster.nodes[i], &booking, Direction::Commit).expect("checked on a copy");
+            self.engine.node_changed(i);
+        }
+        self.by_node
+            .entry(booking.node.clone())
+            .or_default()
+            .insert(uid.to_string());
+        self.bookings.insert(uid.to_string(), booking);
+        Ok(())
+    }
+
+    /// Removes a booking and frees what it held.
+    pub fn unbook(&mut self, uid: &str) -> Option<Booking> {
+        let b = self.bookings.remove(uid)?;
+        if let Some(set) = self.by_node.get_mut(&b.node) {
+            set.remove(uid);
+            if set.is_empty() {
+                self.by_node.remove(&b.node);
+            }
+        }
+        if let Some(i) = self.node_index(&b.node) {
+            let _ = apply(&mut self.engine.cluster.nodes[i], &b, Direction::Release);
+            self.engine.node_changed(i);
+        }
+        Some(b)
+    }
+
+    /// Marks a booking as bound.
+    pub fn confirm(&mut self, uid: &str) {
+        if let Some(b) = self.bookings.get_mut(uid) {
+            b.hold = Hold::Bound;
+        }
+    }
+
+    /// UIDs of every booking (for reconciling against a fresh list).
+    pub fn booked_uids(&self) -> Vec<String> {
+        self.bookings.keys().cloned().collect()
+    }
+
+    /// Plans `demand` on `node` with the engine, reserves it under `uid` and returns the
+    /// allocation. A pod already booked on that node gets its existing allocation back (a
+    /// retried bind); one booked elsewhere is moved.
+    pub fn reserve(
+        &mut self,
+        uid: &str,
+        node: &str,
+        demand: &PodDemand,
+        core_limit: Option<u32>,
+    ) -> Result<Option<Allocation>, LedgerError> {
+        if let Some(b) = self.bookings.get(uid)
+            && b.node == node
+        {
+            return Ok(b.allocation.clone());
+        }
+        self.unbook(uid);
+        let i = self
+            .node_index(node)
+            .ok_or_else(|| LedgerError::UnknownNode(node.to_string()))?;
+        let does_not_fit = |reason: String| LedgerError::DoesNotFit {
+            node: node.to_string(),
+            reason,
+        };
+        let allocation = if demand.wants_cards() {
+            let placement = self.engine.plan_on(i, demand).map_err(does_not_fit)?;
+            let mut a = allocation_of(&self.engine.cluster.nodes[i], demand, &placement.plan, uid);
+            a.core_limit = core_limit;
+            Some(a)
+        } else {
+            check_node_resources(&self.engine.cluster.nodes[i], demand).map_err(does_not_fit)?;
+            None
+        };
+        self.book(
+            uid,
+            Booking {
+                node: node.to_string(),
+                demand: demand.clone(),
+                allocation: allocation.clone(),
+                hold: Hold::Reserved,
+            },
+        )?;
+        Ok(allocation)
+    }
+
+    /// Whether `demand` fits on `node` once the pods `victims` are gone (their bookings are
+    /// released on a copy; nothing changes).
+    pub fn fits_without(&mut self, node: &str, demand: &PodDemand, victims: &[&str]) -> Result<(), String> {
+        let i = self
+            .node_index(node)
+            .ok_or_else(|| format!("node {node:?} is not known"))?;
+        let saved = self.engine.cluster.nodes[i].clone();
+        for v in victims {
+            if let Some(b) = self.bookings.get(*v).filter(|b| b.node == node) {
+                let _ = apply(&mut self.engine.cluster.nodes[i], b, Direction::Release);
+            }
+        }
+        self.engine.node_changed(i);
+        let r = self.engine.plan_on(i, demand).map(|_| ());
+        self.engine.cluster.nodes[i] = saved;
+        self.engine.node_changed(i);
+        r
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Direction {
+    Commit,
+    Release,
+}
+
+fn apply(node: &mut NodeState, b: &Booking, dir: Direction) -> Result<(), LedgerError> {
+    let usage = match &b.allocation {
+        Some(a) => usage_of(node, &b.demand, a)?,
+        None => PodUsage::new(),
+    };
+    match dir {
+        Direction::Commit => crate::placement::commit_usage(node, &b.demand, &usage),
+        Direction::Release => crate::placement::release_usage(node, &b.demand, &usage),
+    }
+    Ok(())
+}
+
+/// The hand-off allocation for a plan on `node`.
+pub fn allocation_of(node: &NodeState, demand: &PodDemand, plan: &NodePlan, uid: &str) -> Allocation {
+    let mut a = Allocation::new(node.name.clone(), uid);
+    for cp in &plan.containers {
+        let c = &demand.containers[cp.container];
+        let devices = cp
+            .cards
+            .iter()
+            .map(|assign| {
+                let card = &node.cards[assign.card];
+                match assign.mig_slot {
+                    Some(s) => {
+                        let slot = &card.mig.as_ref().expect("MIG slot on a MIG card")[s];
+                        AllocatedDevice::Mig {
+                            uuid: slot.uuid.clone(),
+                            profile: slot.profile.clone(),
+                            parent_uuid: card.uuid.clone(),
+                            parent_index: card.index,
+                            gi: slot.gi,
+                            ci: slot.ci,
+                        }
+                    }
+                    None => AllocatedDevice::Gpu {
+                        uuid: card.uuid.clone(),
+                        index: card.index,
+                        minor: card.minor,
+                        core_percent: assign.core_milli * 100 / CARD_MILLI,
+                        memory_mib: assign.memory_mib,
+                        exclusive: assign.exclusive,
+                    },
+                }
+            })
+            .collect();
+        a.containers.push(ContainerAllocation {
+            name: c.name.clone(),
+            role: c.role,
+            devices,
+        });
+    }
+    a
+}
+
+/// What `allocation` takes of `node`'s cards: per card, the maximum over the pod's phases of
+/// what the containers running together use (the same rule the engine plans with).
+pub fn usage_of(node: &NodeState, demand: &PodDemand, allocation: &Allocation) -> Result<PodUsage, LedgerError> {
+    let unknown = |uuid: &str| LedgerError::UnknownDevice {
+        node: node.name.clone(),
+        uuid: uuid.to_string(),
+    };
+    // Per container (by demand index): (card, core, memory, mig slot).
+    let mut per_container: Vec<Vec<(usize, u32, u64, Option<usize>)>> = vec![Vec::new(); demand.containers.len()];
+    for ca in &allocation.containers {
+        let ci = demand
+            .containers
+            .iter()
+            .position(|c| c.name == ca.name)
+            .ok_or_else(|| LedgerError::UnknownContainer(ca.name.clone()))?;
+        for d in &ca.devices {
+            let card = node
+                .cards
+                .iter()
+                .position(|c| c.uuid == d.card_uuid())
+                .ok_or_else(|| unknown(d.card_uuid()))?;
+            per_container[ci].push(match d {
+                AllocatedDevice::Gpu {
+                    core_percent,
+                    memory_mib,
+                    ..
+                } => (card, core_percent * CARD_MILLI / 100, *memory_mib, None),
+                AllocatedDevice::Mig { uuid, .. } => {
+                    let slot = node.cards[card]
+                        .mig
+                        .as_ref()
+                        .and_then(|s| s.iter().position(|m| &m.uuid == uuid))
+                        .ok_or_else(|| unknown(uuid))?;
+                    (card, 0, 0, Some(slot))
+                }
+            });
+        }
+    }
+    let mut usage = PodUsage::new();
+    for phase in &demand.phases {
+        let mut phase_usage: PodUsage = PodUsage::new();
+        for &ci in phase {
+            for &(card, core, mem, slot) in &per_container[ci] {
+                let u = phase_usage.entry(card).or_default();
+                u.core_milli += core;
+                u.memory_mib += mem;
+                u.mig_slots.extend(slot);
+            }
+        }
+        for (card, pu) in phase_usage {
+            let u: &mut CardUsage = usage.entry(card).or_default();
+            u.core_milli = u.core_milli.max(pu.core_milli);
+            u.memory_mib = u.memory_mib.max(pu.memory_mib);
+            for s in pu.mig_slots {
+                if !u.mig_slots.contains(&s) {
+                    u.mig_slots.push(s);
+                }
+            }
+        }
+    }
+    Ok(usage)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,215 @@
+use super::*;
+use crate::inventory::{FixtureSource, InventorySource};
+use crate::placement::CardDemand;
+use crate::request::{PodRequest, RequestOptions};
+
+fn capacity(fixture: &str) -> NodeCapacity {
+    let inv = FixtureSource {
+        fixture: fixture.into(),
+        driver_root: None,
+    }
+    .discover()
+    .unwrap();
+    NodeCapacity {
+        cpu_milli: 64_000,
+        memory_bytes: 512 << 30,
+        gpus: inv.gpus,
+        schedulable: true,
+    }
+}
+
+fn ledger() -> Ledger {
+    let mut l = Ledger::new(EngineConfig::default(), &TargetWorkload::default());
+    assert!(l.set_node("h", capacity("h100x8")).is_empty());
+    assert!(l.set_node("a", capacity("a100-mig")).is_empty());
+    l
+}
+
+fn share(core_milli: u32, mem: u64) -> PodDemand {
+    PodDemand::single(
+        1000,
+        1 << 30,
+        Some(CardDemand::Share {
+            core_milli,
+            memory_mib: Some(mem),
+        }),
+    )
+}
+
+fn from_json(v: serde_json::Value) -> PodDemand {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(v).unwrap();
+    PodDemand::from_request(&PodRequest::from_pod(&pod, &RequestOptions::default()).unwrap())
+}
+
+fn used(l: &Ledger, node: &str) -> Vec<(u32, u64)> {
+    let i = l.node_index(node).unwrap();
+    l.cluster().nodes[i]
+        .cards
+        .iter()
+        .map(|c| (c.core_used, c.memory_used))
+        .collect()
+}
+
+fn mig_used(l: &Ledger, node: &str) -> usize {
+    let i = l.node_index(node).unwrap();
+    l.cluster().nodes[i]
+        .cards
+        .iter()
+        .flat_map(|c| c.mig.iter().flatten())
+        .filter(|s| s.used)
+        .count()
+}
+
+#[test]
+fn reserve_books_what_the_allocation_says_and_unbook_frees_it() {
+    let mut l = ledger();
+    let before = used(&l, "h");
+    let a = l.reserve("u1", "h", &share(300, 8192), Some(50)).unwrap().unwrap();
+    assert_eq!(
+        (a.node.as_str(), a.pod_uid.as_str(), a.core_limit),
+        ("h", "u1", Some(50))
+    );
+    let AllocatedDevice::Gpu {
+        core_percent,
+        memory_mib,
+        exclusive,
+        ref uuid,
+        ..
+    } = a.containers[0].devices[0]
+    else {
+        panic!("a GPU share")
+    };
+    assert_eq!((core_percent, memory_mib, exclusive), (30, 8192, false));
+    let after = used(&l, "h");
+    let i = l.cluster().nodes[l.node_index("h").unwrap()]
+        .cards
+        .iter()
+        .position(|c| &c.uuid == uuid)
+        .unwrap();
+    assert_eq!(after[i], (300, 8192));
+    assert_eq!(l.booking("u1").unwrap().hold, Hold::Reserved);
+    // A retried bind gets the same allocation and books nothing more.
+    assert_eq!(l.reserve("u1", "h", &share(300, 8192), Some(50)).unwrap().unwrap(), a);
+    assert_eq!(used(&l, "h"), after);
+    l.unbook("u1").unwrap();
+    assert_eq!(used(&l, "h"), before);
+    assert!(l.unbook("u1").is_none(), "unbooking twice is harmless");
+}
+
+#[test]
+fn an_allocation_read_back_costs_what_the_plan_cost() {
+    // Init container and two app containers: the plan's per-card maximum over phases must be
+    // what the allocation maps back to.
+    let demand = from_json(serde_json::json!({
+        "metadata": {"name": "p"},
+        "spec": {
+            "initContainers": [{"name": "init", "resources": {"limits": {"tessera.io/gpu-core": "60", "tessera.io/gpu-memory": "10"}}}],
+            "containers": [
+                {"name": "a", "resources": {"limits": {"tessera.io/gpu-core": "40", "tessera.io/gpu-memory": "8"}}},
+                {"name": "b", "resources": {"limits": {"tessera.io/gpu-core": "200"}}}
+            ]
+        }
+    }));
+    let mut l = ledger();
+    let i = l.node_index("h").unwrap();
+    let placement = l.engine().plan_on(i, &demand).unwrap();
+    let node = l.engine().cluster.nodes[i].clone();
+    let a = allocation_of(&node, &demand, &placement.plan, "u");
+    assert_eq!(usage_of(&node, &demand, &a).unwrap(), placement.plan.usage);
+    // The codec round trip changes nothing.
+    let decoded = Allocation::decode(&a.encode()).unwrap();
+    assert_eq!(usage_of(&node, &demand, &decoded).unwrap(), placement.plan.usage);
+}
+
+#[test]
+fn mig_slices_are_booked_and_freed() {
+    let demand = from_json(serde_json::json!({
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "m", "resources": {"limits": {"tessera.io/mig-1g.5gb": "2"}}}]}
+    }));
+    let mut l = ledger();
+    let a = l.reserve("m", "a", &demand, None).unwrap().unwrap();
+    assert_eq!(a.containers[0].devices.len(), 2);
+    assert!(matches!(a.containers[0].devices[0], AllocatedDevice::Mig { .. }));
+    assert_eq!(mig_used(&l, "a"), 2);
+    l.unbook("m");
+    assert_eq!(mig_used(&l, "a"), 0);
+}
+
+#[test]
+fn bookings_survive_a_republished_node_and_wait_for_an_unknown_one() {
+    let mut l = ledger();
+    let a = l.reserve("u", "h", &share(500, 1000), None).unwrap().unwrap();
+    let after = used(&l, "h");
+    // The node is published again with a card turning unhealthy: the booking still counts.
+    let mut cap = capacity("h100x8");
+    cap.gpus[7].health = crate::inventory::Health::Unhealthy {
+        reason: "xid 79".into(),
+    };
+    assert!(l.set_node("h", cap).is_empty());
+    assert_eq!(used(&l, "h"), after);
+
+    // A pod seen bound to a node the ledger does not know yet counts once the node appears.
+    let mut b = a.clone();
+    b.node = "late".into();
+    l.book(
+        "v",
+        Booking {
+            node: "late".into(),
+            demand: share(500, 1000),
+            allocation: Some(b),
+            hold: Hold::Bound,
+        },
+    )
+    .unwrap();
+    l.set_node("late", capacity("h100x8"));
+    assert_eq!(used(&l, "late"), after);
+    // Deleted nodes keep their bookings for when they return.
+    l.remove_node("late");
+    assert!(l.node_index("late").is_none());
+    l.set_node("late", capacity("h100x8"));
+    assert_eq!(used(&l, "late"), after);
+}
+
+#[test]
+fn an_allocation_naming_an_unknown_device_is_refused_and_changes_nothing() {
+    let mut l = ledger();
+    let mut a = l.reserve("u", "h", &share(500, 1000), None).unwrap().unwrap();
+    let before = used(&l, "h");
+    if let AllocatedDevice::Gpu { uuid, .. } = &mut a.containers[0].devices[0] {
+        *uuid = "GPU-nope".into();
+    }
+    let err = l
+        .book(
+            "u",
+            Booking {
+                node: "h".into(),
+                demand: share(500, 1000),
+                allocation: Some(a),
+                hold: Hold::Bound,
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("GPU-nope"), "{err}");
+    assert_eq!(used(&l, "h"), before);
+    assert_eq!(l.booking("u").unwrap().hold, Hold::Reserved, "the old booking stays");
+}
+
+#[test]
+fn reserve_refuses_when_the_node_is_full_and_fits_without_checks_victims() {
+    let mut l = ledger();
+    for k in 0..8 {
+        l.reserve(&format!("w{k}"), "h", &share(1000, 1000), None).unwrap();
+    }
+    let err = l.reserve("x", "h", &share(500, 1000), None).unwrap_err();
+    assert!(matches!(err, LedgerError::DoesNotFit { .. }), "{err}");
+    assert!(l.booking("x").is_none());
+    assert!(l.fits_without("h", &share(500, 1000), &[]).is_err());
+    let full = used(&l, "h");
+    l.fits_without("h", &share(500, 1000), &["w3"]).unwrap();
+    assert_eq!(used(&l, "h"), full, "the probe changes nothing");
+    assert!(matches!(
+        l.reserve("x", "nowhere", &share(500, 1000), None),
+        Err(LedgerError::UnknownNode(_))
+    ));
+}
