@@ -27,5 +27,8 @@ pub async fn publish(client: kube::Client, node: &str, inventory: &NodeInventory
 pub async fn in_cluster_client() -> Option<kube::Client> {
     std::env::var_os("KUBERNETES_SERVICE_HOST")?;
     let config = kube::Config::incluster().ok()?;
+    // Two rustls providers are linked (ring for kube, aws-lc-rs via the CDI crate's schema
+    // validator): pick one explicitly.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     kube::Client::try_from(config).ok()
 }

@@ -380,8 +380,9 @@ pub fn usage_of(node: &NodeState, demand: &PodDemand, allocation: &Allocation) -
         node: node.name.clone(),
         uuid: uuid.to_string(),
     };
-    // Per container (by demand index): (card, core, memory, mig slot).
-    let mut per_container: Vec<Vec<(usize, u32, u64, Option<usize>)>> = vec![Vec::new(); demand.containers.len()];
+    // Per container (by demand index): its devices as (card, core, memory, mig slot).
+    type Held = (usize, u32, u64, Option<usize>);
+    let mut per_container: Vec<Vec<Held>> = vec![Vec::new(); demand.containers.len()];
     for ca in &allocation.containers {
         let ci = demand
             .containers

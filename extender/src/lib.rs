@@ -1,4 +1,5 @@
 //! Tessera's cluster-side service: the kube-scheduler HTTP extender and the placement
 //! simulator, both driving `tessera_core::placement`.
 
+pub mod service;
 pub mod simulate;

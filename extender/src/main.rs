@@ -1,3 +1,5 @@
+mod serve_cmd;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -21,6 +23,8 @@ enum Command {
     /// Replay a cluster trace through the placement engine (the embedded default when no
     /// trace is given) and compare policies.
     Simulate(SimulateArgs),
+    /// Run the kube-scheduler HTTP extender (filter / prioritize / bind / preempt).
+    Serve(serve_cmd::ServeArgs),
 }
 
 #[derive(Args)]
@@ -184,5 +188,6 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Simulate(args) => simulate(args),
+        Command::Serve(args) => tokio::runtime::Runtime::new()?.block_on(serve_cmd::serve(args)),
     }
 }

@@ -1,6 +1,9 @@
 //! Helpers for Tessera's cross-crate and end-to-end tests: chiefly a harness that runs real
 //! containerd (1.7 and 2.x) on private paths and drives it through CRI, as the kubelet does.
 
+pub mod apiserver;
 pub mod containerd;
+pub mod gpu_cluster;
+pub mod http;
 pub mod kubelet;
 pub mod uds;

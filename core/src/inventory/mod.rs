@@ -124,18 +124,23 @@ impl Gpu {
 
 /// See [`Gpu::model_matches`].
 pub fn model_matches(model: &str, constraint: &str) -> bool {
+    // NVML names carry a brand prefix ("NVIDIA A100-SXM4-40GB", "Tesla T4"); users write
+    // either the full name or the model ("A100", "T4").
     let strip = |s: &str| {
-        let s = s.trim();
-        match s.get(..7) {
-            Some(p) if p.eq_ignore_ascii_case("nvidia ") => s[7..].to_ascii_lowercase(),
-            _ => s.to_ascii_lowercase(),
-        }
+        let s = s.trim().to_ascii_lowercase();
+        ["nvidia ", "tesla "]
+            .iter()
+            .find_map(|p| s.strip_prefix(p).map(str::to_string))
+            .unwrap_or(s)
     };
-    let (m, c) = (strip(model), strip(constraint));
+    let c = strip(constraint);
     if c.is_empty() {
         return false;
     }
-    m == c || (m.starts_with(&c) && matches!(m.as_bytes()[c.len()], b'-' | b' '))
+    let full = model.trim().to_ascii_lowercase();
+    [full.clone(), strip(&full)]
+        .iter()
+        .any(|m| *m == c || (m.starts_with(&c) && matches!(m.as_bytes()[c.len()], b'-' | b' ')))
 }
 
 /// What a driver file is, which decides how it is exposed.

@@ -140,6 +140,9 @@ fn model_constraints() {
     assert!(!model_matches(gpu_model, "A10"));
     assert!(!model_matches("NVIDIA A1000", "A100"));
     assert!(model_matches("Tesla T4", "Tesla"));
+    assert!(model_matches("Tesla T4", "T4"));
+    assert!(model_matches("Tesla T4", "tesla t4"));
+    assert!(!model_matches("Tesla T4", "T"));
     assert!(model_matches("V100M16", "V100M16"));
     assert!(!model_matches("V100M16", ""));
 }

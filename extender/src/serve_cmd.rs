@@ -1,0 +1,115 @@
+//! `tessera-extender serve`: the scheduler extender service.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use tessera_core::handoff::SigningKeys;
+use tessera_core::placement::EngineConfig;
+use tessera_core::policy::PolicyKind;
+use tessera_core::request::RequestOptions;
+use tessera_extender::service::cluster::Cluster;
+use tessera_extender::service::leader::LeaseConfig;
+use tessera_extender::service::{self, ServiceConfig};
+use tracing::info;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Listen address.
+    #[arg(long, default_value = "0.0.0.0:8888")]
+    listen: SocketAddr,
+    /// URL prefix of the verbs (the scheduler's `urlPrefix` path).
+    #[arg(long, default_value = "/tessera")]
+    prefix: String,
+    /// Directory of the hand-off signing keys (a mounted Secret: one file per key, `active`).
+    #[arg(long, default_value = "/etc/tessera/keys")]
+    keys_dir: PathBuf,
+    /// Node-tier policy.
+    #[arg(long, default_value = "mosaic")]
+    node_policy: PolicyKind,
+    /// Card-tier policy.
+    #[arg(long, default_value = "mosaic")]
+    gpu_policy: PolicyKind,
+    /// MiB in one unit of `tessera.io/gpu-memory` (must match the device plugin).
+    #[arg(long, default_value_t = RequestOptions::default().memory_unit_mib)]
+    memory_unit_mib: u64,
+    /// Largest request body, bytes (a `Nodes` list of a big cluster is large).
+    #[arg(long, default_value_t = 64 << 20)]
+    max_body_bytes: usize,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key for --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Run without leader election (a single replica).
+    #[arg(long)]
+    no_leader_election: bool,
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "tessera-system")]
+    lease_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "tessera-extender")]
+    lease_name: String,
+    /// This replica's identity in the Lease (the pod name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Lease duration, seconds.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_s: u64,
+}
+
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let keys = SigningKeys::from_dir(&args.keys_dir)
+        .with_context(|| format!("loading hand-off keys from {}", args.keys_dir.display()))?;
+    service::install_crypto_provider();
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API")?;
+    let cluster = Arc::new(Cluster::new(
+        EngineConfig {
+            node_policy: args.node_policy,
+            gpu_policy: args.gpu_policy,
+            seed: 0,
+        },
+        keys,
+        RequestOptions {
+            memory_unit_mib: args.memory_unit_mib,
+        },
+    ));
+    let lease = (!args.no_leader_election).then(|| {
+        let identity = args.identity.clone().unwrap_or_else(|| {
+            let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned());
+            format!("{}-{}", host.unwrap_or_else(|_| "tessera".into()), std::process::id())
+        });
+        let mut l = LeaseConfig::new(&args.lease_namespace, &args.lease_name, &identity);
+        l.lease_duration = Duration::from_secs(args.lease_duration_s.max(3));
+        l.renew_deadline = l.lease_duration * 2 / 3;
+        l.retry_period = l.lease_duration / 7;
+        l
+    });
+    let running = service::start(
+        client,
+        cluster,
+        ServiceConfig {
+            listen: args.listen,
+            prefix: args.prefix.clone(),
+            body_limit: args.max_body_bytes,
+            lease,
+            tls: args.tls_cert.clone().zip(args.tls_key.clone()),
+        },
+    )
+    .await?;
+    info!(addr = %running.addr, prefix = args.prefix, tls = args.tls_cert.is_some(), "serving");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    info!("shutting down");
+    running.shutdown().await;
+    Ok(())
+}

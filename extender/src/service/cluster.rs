@@ -1,0 +1,381 @@
+//! The extender's view of the cluster: the core [`Ledger`] fed from Node and Pod objects, and
+//! the placement questions the scheduler asks of it. Kubernetes objects are translated here;
+//! every decision is the engine's.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use tessera_core::handoff::{Allocation, SigningKeys};
+use tessera_core::inventory::PublishedInventory;
+use tessera_core::ledger::{Booking, Hold, Ledger, LedgerError, NodeCapacity};
+use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, ANNOTATION_INVENTORY};
+use tessera_core::placement::{EngineConfig, PodDemand, WorkloadLearner};
+use tessera_core::quantity::Amount;
+use tessera_core::request::{PodRequest, RequestOptions};
+use tracing::{debug, warn};
+
+use super::wire::{MAX_PRIORITY, MetaVictims};
+
+/// How many observed pods between refreshes of the target workload.
+const WORKLOAD_REFRESH: u64 = 64;
+
+/// What a pod asks of the extender.
+#[derive(Debug, Clone)]
+pub struct PodAsk {
+    /// The engine's view of the request.
+    pub demand: PodDemand,
+    /// `tessera.io/core-limit`.
+    pub core_limit: Option<u32>,
+}
+
+/// The filter verdict for one pod.
+#[derive(Debug, Default)]
+pub struct FilterOutcome {
+    /// Nodes that fit, with the engine's score.
+    pub fits: Vec<(String, f64)>,
+    /// Nodes that do not fit now.
+    pub failed: BTreeMap<String, String>,
+    /// Nodes that cannot take the pod whatever is evicted.
+    pub unresolvable: BTreeMap<String, String>,
+}
+
+struct Learning {
+    learner: WorkloadLearner,
+    seen: u64,
+}
+
+/// The cluster as the extender knows it.
+pub struct Cluster {
+    ledger: Mutex<Ledger>,
+    learning: Mutex<Learning>,
+    keys: SigningKeys,
+    opts: RequestOptions,
+    nodes_synced: AtomicBool,
+    pods_synced: AtomicBool,
+}
+
+fn node_capacity(node: &Node) -> NodeCapacity {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let amount = |key: &str| {
+        alloc.and_then(|a| a.get(key)).and_then(|q| match Amount::parse(&q.0) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                warn!(node = name, resource = key, value = q.0, error = %e, "unparsable allocatable");
+                None
+            }
+        })
+    };
+    let gpus = match node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_INVENTORY))
+    {
+        None => Vec::new(),
+        Some(v) => match PublishedInventory::decode(v) {
+            Ok(inv) => inv.gpus,
+            Err(e) => {
+                warn!(node = name, error = %e, "ignoring the node's {ANNOTATION_INVENTORY} annotation");
+                Vec::new()
+            }
+        },
+    };
+    NodeCapacity {
+        cpu_milli: amount("cpu").map_or(0, Amount::milli_ceil),
+        memory_bytes: amount("memory").map_or(0, Amount::ceil),
+        gpus,
+        schedulable: !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+    }
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn is_terminated(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+impl Cluster {
+    /// An empty view; not ready until both the node and the pod lists have been read.
+    pub fn new(config: EngineConfig, keys: SigningKeys, opts: RequestOptions) -> Self {
+        Self {
+            ledger: Mutex::new(Ledger::new(config, &Default::default())),
+            learning: Mutex::new(Learning {
+                learner: WorkloadLearner::new(2000.0),
+                seen: 0,
+            }),
+            keys,
+            opts,
+            nodes_synced: AtomicBool::new(false),
+            pods_synced: AtomicBool::new(false),
+        }
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The signing keys.
+    pub fn keys(&self) -> &SigningKeys {
+        &self.keys
+    }
+
+    /// True once every node and every pod has been read (allocations rebuilt).
+    pub fn synced(&self) -> bool {
+        self.nodes_synced.load(Ordering::Acquire) && self.pods_synced.load(Ordering::Acquire)
+    }
+
+    /// Known nodes and bookings, for metrics.
+    pub fn counts(&self) -> (usize, usize) {
+        let l = self.ledger();
+        (l.node_count(), l.booking_count())
+    }
+
+    /// A node was added or changed.
+    pub fn node_applied(&self, node: &Node) {
+        let Some(name) = node.metadata.name.as_deref() else {
+            return;
+        };
+        let cap = node_capacity(node);
+        for (uid, e) in self.ledger().set_node(name, cap) {
+            warn!(node = name, pod_uid = uid, error = %e, "a booked allocation no longer matches the node");
+        }
+    }
+
+    /// A node was deleted.
+    pub fn node_deleted(&self, name: &str) {
+        self.ledger().remove_node(name);
+    }
+
+    /// A full node list was read: nodes not in it are gone.
+    pub fn nodes_listed(&self, names: &HashSet<String>) {
+        let mut l = self.ledger();
+        let known: Vec<String> = l.cluster().nodes.iter().map(|n| n.name.clone()).collect();
+        for n in known.iter().filter(|n| !names.contains(*n)) {
+            l.remove_node(n);
+        }
+        self.nodes_synced.store(true, Ordering::Release);
+    }
+
+    /// Parses what a pod asks for.
+    pub fn ask(&self, pod: &Pod) -> Result<PodAsk, tessera_core::request::RequestError> {
+        let req = PodRequest::from_pod(pod, &self.opts)?;
+        Ok(PodAsk {
+            demand: PodDemand::from_request(&req),
+            core_limit: req.core_limit,
+        })
+    }
+
+    /// A pod was added or changed: bound pods are booked with their verified allocation,
+    /// finished pods free what they held.
+    pub fn pod_applied(&self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.as_deref() else {
+            return;
+        };
+        if is_terminated(pod) {
+            self.ledger().unbook(uid);
+            return;
+        }
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
+            // Not bound: a reservation of ours (bind in flight) stays as it is.
+            return;
+        };
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let annotations = pod.metadata.annotations.as_ref();
+        let allocation = annotations
+            .and_then(|a| a.get(ANNOTATION_ALLOCATION))
+            .and_then(|value| {
+                let sig = annotations.and_then(|a| a.get(ANNOTATION_ALLOCATION_SIGNATURE));
+                match self.keys.verify(Some(value), sig.map(String::as_str), node, uid) {
+                    Ok(a) => Some(a),
+                    Err(e) => {
+                        warn!(pod = name, node, error = %e, "not counting an allocation that does not verify");
+                        None
+                    }
+                }
+            });
+        let demand = match self.ask(pod) {
+            Ok(a) => a.demand,
+            Err(e) => {
+                debug!(pod = name, error = %e, "bound pod with an invalid request: counting nothing");
+                PodDemand::default()
+            }
+        };
+        let mut l = self.ledger();
+        if let Some(b) = l.booking(uid)
+            && b.node == node
+            && b.allocation == allocation
+            && b.demand == demand
+        {
+            l.confirm(uid);
+            return;
+        }
+        let booking = Booking {
+            node: node.to_string(),
+            demand,
+            allocation,
+            hold: Hold::Bound,
+        };
+        if let Err(e) = l.book(uid, booking.clone()) {
+            warn!(pod = name, node, error = %e, "counting the pod without its GPUs");
+            let _ = l.book(
+                uid,
+                Booking {
+                    allocation: None,
+                    ..booking
+                },
+            );
+        }
+    }
+
+    /// A pod was deleted.
+    pub fn pod_deleted(&self, uid: &str) {
+        self.ledger().unbook(uid);
+    }
+
+    /// A full pod list was read: bound bookings of pods not in it are gone (our own
+    /// reservations in flight stay).
+    pub fn pods_listed(&self, uids: &HashSet<String>) {
+        let mut l = self.ledger();
+        for uid in l.booked_uids() {
+            if !uids.contains(&uid) && l.booking(&uid).is_some_and(|b| b.hold == Hold::Bound) {
+                l.unbook(&uid);
+            }
+        }
+        self.pods_synced.store(true, Ordering::Release);
+    }
+
+    /// Filters and scores `candidates` for `ask`.
+    pub fn filter(&self, ask: &PodAsk, candidates: &[&str]) -> FilterOutcome {
+        let mut out = FilterOutcome::default();
+        let mut l = self.ledger();
+        let mut positions = Vec::with_capacity(candidates.len());
+        for &name in candidates {
+            match l.node_index(name) {
+                Some(i) => positions.push(i),
+                None => {
+                    out.unresolvable
+                        .insert(name.to_string(), "node is not known to the Tessera extender".into());
+                }
+            }
+        }
+        let wants_cards = ask.demand.wants_cards();
+        let allowed = l.cluster().allowed_models(ask.demand.gpu_models.as_deref());
+        for (i, verdict) in l.engine().evaluate_nodes(&ask.demand, &positions) {
+            let node = &l.cluster().nodes[i];
+            match verdict {
+                Ok(score) => out.fits.push((node.name.clone(), score)),
+                Err(reason) => {
+                    // Preemption cannot help a node without (allowed, healthy) cards.
+                    let hopeless = wants_cards
+                        && !node
+                            .cards
+                            .iter()
+                            .any(|c| c.healthy && allowed.get(usize::from(c.model)).copied().unwrap_or(false));
+                    if hopeless || !node.schedulable {
+                        out.unresolvable.insert(node.name.clone(), reason);
+                    } else {
+                        out.failed.insert(node.name.clone(), reason);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Reserves cards for a pod on `node`; `None` when the pod needs no GPU.
+    pub fn reserve(&self, uid: &str, node: &str, ask: &PodAsk) -> Result<Option<Allocation>, LedgerError> {
+        let a = self.ledger().reserve(uid, node, &ask.demand, ask.core_limit)?;
+        if a.is_some() {
+            self.observe(&ask.demand);
+        }
+        Ok(a)
+    }
+
+    /// Drops our reservation for `uid` if it is still one (a failed bind). A booking the
+    /// API has since confirmed stays.
+    pub fn release(&self, uid: &str) {
+        let mut l = self.ledger();
+        if l.booking(uid).is_some_and(|b| b.hold == Hold::Reserved) {
+            l.unbook(uid);
+        }
+    }
+
+    /// The hold on `uid`, if any.
+    pub fn booking(&self, uid: &str) -> Option<Booking> {
+        self.ledger().booking(uid).cloned()
+    }
+
+    /// Keeps, per candidate node, only the victims whose eviction is needed for the pod to fit
+    /// (a victim is spared when the pod still fits without evicting it). Nodes where the pod
+    /// does not fit even with every victim gone are dropped.
+    pub fn preempt(&self, ask: &PodAsk, candidates: BTreeMap<String, MetaVictims>) -> BTreeMap<String, MetaVictims> {
+        let mut l = self.ledger();
+        let mut out = BTreeMap::new();
+        for (node, victims) in candidates {
+            let mut evict: Vec<String> = victims.pods.iter().map(|p| p.uid.clone()).collect();
+            if let Err(reason) = l.fits_without(&node, &ask.demand, &refs(&evict)) {
+                debug!(node, reason, "evicting every victim would not make room");
+                continue;
+            }
+            // Try to spare each victim in the scheduler's order (most important first, as its
+            // own reprieve does), keeping at least one.
+            let mut k = 0;
+            while k < evict.len() && evict.len() > 1 {
+                let mut trial = evict.clone();
+                trial.remove(k);
+                if l.fits_without(&node, &ask.demand, &refs(&trial)).is_ok() {
+                    evict = trial;
+                } else {
+                    k += 1;
+                }
+            }
+            out.insert(
+                node,
+                MetaVictims {
+                    num_pdb_violations: (victims.num_pdb_violations).min(evict.len() as i64),
+                    pods: evict.into_iter().map(|uid| super::wire::MetaPod { uid }).collect(),
+                },
+            );
+        }
+        out
+    }
+
+    fn observe(&self, demand: &PodDemand) {
+        let mut learning = self.learning.lock().unwrap_or_else(|p| p.into_inner());
+        learning.learner.observe(demand);
+        learning.seen += 1;
+        if learning.seen == 1 || learning.seen.is_multiple_of(WORKLOAD_REFRESH) {
+            let target = learning.learner.target(0.95, 10);
+            drop(learning);
+            self.ledger().set_workload(&target);
+        }
+    }
+}
+
+/// Scales engine scores to the extender's 0..=10: the best node gets 10, the worst 0, the
+/// rest in proportion (all 10 when they tie).
+pub fn scale_scores(fits: &[(String, f64)]) -> Vec<(String, i64)> {
+    let (lo, hi) = fits
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), (_, s)| {
+            (lo.min(*s), hi.max(*s))
+        });
+    fits.iter()
+        .map(|(n, s)| {
+            let score = if hi - lo <= f64::EPSILON * hi.abs().max(1.0) {
+                MAX_PRIORITY
+            } else {
+                ((s - lo) / (hi - lo) * MAX_PRIORITY as f64).round() as i64
+            };
+            (n.clone(), score.clamp(0, MAX_PRIORITY))
+        })
+        .collect()
+}

@@ -1,0 +1,207 @@
+//! The HTTP face: `<prefix>/{filter,prioritize,bind,preempt}`, `/healthz`, `/readyz`,
+//! `/metrics`. Bodies are parsed here so that any malformed or oversized request gets a JSON
+//! error (`{"Error": ...}`) with a 4xx status, never a panic.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::Service;
+use super::bind::{self, BindError};
+use super::cluster::scale_scores;
+use super::wire::{
+    ErrorReply, ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
+    ExtenderPreemptionResult, HostPriority, NodeList,
+};
+
+type Shared = Arc<Service>;
+
+fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    let bytes = serde_json::to_vec(body).expect("replies serialize");
+    (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
+}
+
+fn error(status: StatusCode, msg: impl Into<String>) -> Response {
+    json(status, &ErrorReply { error: msg.into() })
+}
+
+/// Parses a body; on failure the status (400 or 413) and message for a JSON error.
+fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, (StatusCode, String)> {
+    let body = body.map_err(|r| (r.status(), r.body_text()))?;
+    serde_json::from_slice(&body).map_err(|e| (StatusCode::BAD_REQUEST, format!("malformed request: {e}")))
+}
+
+/// The router for `svc`, verbs under `prefix` (e.g. `/tessera`).
+pub fn router(svc: Shared, prefix: &str, body_limit: usize) -> Router {
+    let prefix = prefix.trim_end_matches('/');
+    Router::new()
+        .route(&format!("{prefix}/filter"), post(filter))
+        .route(&format!("{prefix}/prioritize"), post(prioritize))
+        .route(&format!("{prefix}/bind"), post(bind))
+        .route(&format!("{prefix}/preempt"), post(preempt))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(svc)
+}
+
+async fn readyz(State(svc): State<Shared>) -> Response {
+    match (svc.cluster.synced(), svc.is_leader()) {
+        (true, true) => (StatusCode::OK, "ok").into_response(),
+        (false, _) => (StatusCode::SERVICE_UNAVAILABLE, "reading the cluster").into_response(),
+        (true, false) => (StatusCode::SERVICE_UNAVAILABLE, "not the leader").into_response(),
+    }
+}
+
+async fn metrics(State(svc): State<Shared>) -> Response {
+    let (nodes, bookings) = svc.cluster.counts();
+    svc.metrics.nodes.set(nodes as i64);
+    svc.metrics.bookings.set(bookings as i64);
+    svc.metrics.leader.set(i64::from(svc.is_leader()));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        svc.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Answers a verb and records its metrics.
+fn timed(svc: &Service, verb: &'static str, start: Instant, r: Response) -> Response {
+    let outcome = match r.status() {
+        s if s.is_success() => "ok",
+        s if s.is_client_error() => "bad_request",
+        _ => "error",
+    };
+    svc.metrics.observe(verb, outcome, start.elapsed().as_secs_f64());
+    r
+}
+
+/// The filter verdict, in the shape the request came in.
+pub fn filter_reply(svc: &Service, args: &ExtenderArgs) -> ExtenderFilterResult {
+    let candidates = args.candidates();
+    let mut reply = ExtenderFilterResult::default();
+    let fitting: Vec<String> = match svc.cluster.ask(&args.pod) {
+        Err(e) => {
+            // Never schedulable as written: say why on every node.
+            let msg = format!("invalid Tessera request: {e}");
+            reply.failed_and_unresolvable_nodes = candidates.iter().map(|n| (n.to_string(), msg.clone())).collect();
+            Vec::new()
+        }
+        // Not ours: pass every node through without touching the ledger.
+        Ok(ask) if !ask.demand.wants_cards() => candidates.iter().map(|n| n.to_string()).collect(),
+        Ok(_) if !svc.cluster.synced() => {
+            reply.error = "the Tessera extender is still reading the cluster".into();
+            return reply;
+        }
+        Ok(ask) => {
+            let out = svc.cluster.filter(&ask, &candidates);
+            reply.failed_nodes = out.failed;
+            reply.failed_and_unresolvable_nodes = out.unresolvable;
+            out.fits.into_iter().map(|(n, _)| n).collect()
+        }
+    };
+    match &args.nodes {
+        Some(list) if args.node_names.is_none() => {
+            let keep: std::collections::HashSet<&str> = fitting.iter().map(String::as_str).collect();
+            reply.nodes = Some(NodeList {
+                metadata: list.metadata.clone(),
+                items: list
+                    .items
+                    .iter()
+                    .filter(|n| n.metadata.name.as_deref().is_some_and(|x| keep.contains(x)))
+                    .cloned()
+                    .collect(),
+            });
+        }
+        _ => reply.node_names = Some(fitting),
+    }
+    reply
+}
+
+async fn filter(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    let start = Instant::now();
+    let r = match parse::<ExtenderArgs>(body) {
+        Err((status, msg)) => error(status, msg),
+        Ok(args) => json(StatusCode::OK, &filter_reply(&svc, &args)),
+    };
+    timed(&svc, "filter", start, r)
+}
+
+/// The prioritize scores (0..=10) of the nodes that fit.
+pub fn prioritize_reply(svc: &Service, args: &ExtenderArgs) -> Vec<HostPriority> {
+    let ask = match svc.cluster.ask(&args.pod) {
+        Ok(a) if a.demand.wants_cards() && svc.cluster.synced() => a,
+        // Not ours, invalid or not ready: no opinion.
+        _ => return Vec::new(),
+    };
+    let out = svc.cluster.filter(&ask, &args.candidates());
+    scale_scores(&out.fits)
+        .into_iter()
+        .map(|(host, score)| HostPriority { host, score })
+        .collect()
+}
+
+async fn prioritize(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    let start = Instant::now();
+    let r = match parse::<ExtenderArgs>(body) {
+        Err((status, msg)) => error(status, msg),
+        Ok(args) => json(StatusCode::OK, &prioritize_reply(&svc, &args)),
+    };
+    timed(&svc, "prioritize", start, r)
+}
+
+async fn bind(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    let start = Instant::now();
+    let r = match parse::<ExtenderBindingArgs>(body) {
+        Err((status, msg)) => error(status, msg),
+        Ok(args) => match bind::bind(&svc, &args).await {
+            Ok(()) => json(StatusCode::OK, &ExtenderBindingResult::default()),
+            // The scheduler reads `Error` from a 200; keep the status for metrics only.
+            Err(e) => {
+                let status = match e {
+                    BindError::NotLeader | BindError::NotSynced => StatusCode::SERVICE_UNAVAILABLE,
+                    _ => StatusCode::OK,
+                };
+                let reply = ExtenderBindingResult { error: e.to_string() };
+                svc.metrics.observe("bind", "error", start.elapsed().as_secs_f64());
+                return json(status, &reply);
+            }
+        },
+    };
+    timed(&svc, "bind", start, r)
+}
+
+async fn preempt(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    let start = Instant::now();
+    let r = match parse::<ExtenderPreemptionArgs>(body) {
+        Err((status, msg)) => error(status, msg),
+        Ok(args) => {
+            let candidates = args.candidates();
+            let kept = match svc.cluster.ask(&args.pod) {
+                Ok(ask) if ask.demand.wants_cards() && svc.cluster.synced() => svc.cluster.preempt(&ask, candidates),
+                // Not ours to judge: keep the scheduler's choice.
+                _ => candidates,
+            };
+            json(
+                StatusCode::OK,
+                &ExtenderPreemptionResult {
+                    node_name_to_meta_victims: kept,
+                },
+            )
+        }
+    };
+    timed(&svc, "preempt", start, r)
+}

@@ -1,0 +1,158 @@
+//! The kube-scheduler HTTP extender: filter / prioritize / bind / preempt over the core
+//! [`Ledger`](tessera_core::ledger::Ledger), fed by watches on Nodes and Pods, with Lease
+//! leader election so that several replicas never bind at once.
+
+pub mod bind;
+pub mod cluster;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod tls;
+pub mod watch;
+pub mod wire;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::runtime::reflector::Store;
+use tokio::sync::watch as tokio_watch;
+use tokio::task::JoinHandle;
+
+use cluster::Cluster;
+use leader::LeaseConfig;
+use metrics::Metrics;
+
+/// Everything a request handler needs.
+pub struct Service {
+    /// The cluster view.
+    pub cluster: Arc<Cluster>,
+    /// Pods by namespace/name (from the pod watch).
+    pub pods: Store<Pod>,
+    /// API client (patch, binding).
+    pub client: Client,
+    leading: tokio_watch::Receiver<bool>,
+    /// Metrics.
+    pub metrics: Metrics,
+}
+
+impl Service {
+    /// True while this replica holds the lease (or runs without election).
+    pub fn is_leader(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// A receiver of leadership changes.
+    pub fn leadership(&self) -> tokio_watch::Receiver<bool> {
+        self.leading.clone()
+    }
+}
+
+/// How to run the service.
+pub struct ServiceConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// URL prefix of the verbs.
+    pub prefix: String,
+    /// Largest request body accepted, bytes.
+    pub body_limit: usize,
+    /// Lease election; `None` runs as the only (always leading) replica.
+    pub lease: Option<LeaseConfig>,
+    /// Serve HTTPS with this certificate and key (PEM files).
+    pub tls: Option<(PathBuf, PathBuf)>,
+}
+
+/// A running service: its address and background tasks (dropped = stopped).
+pub struct Running {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The shared state.
+    pub service: Arc<Service>,
+    tasks: Vec<JoinHandle<()>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    election: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops serving; a leader gives up its lease so a follower takes over at once.
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(e) = self.election.take() {
+            let _ = e.await;
+        }
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+
+    /// Stops at once, as a killed process would: no lease release.
+    pub fn kill(mut self) {
+        for t in self.tasks.drain(..).chain(self.election.take()) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for t in self.tasks.drain(..).chain(self.election.take()) {
+            t.abort();
+        }
+    }
+}
+
+/// Selects rustls' ring provider for the process. Two providers are linked (ring for kube,
+/// aws-lc-rs through the CDI crate's schema validator), so rustls cannot pick one by itself.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Starts watches, election and the HTTP server.
+pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) -> anyhow::Result<Running> {
+    install_crypto_provider();
+    let (store, writer) = watch::pod_store();
+    let mut tasks = vec![
+        tokio::spawn(watch::nodes(client.clone(), cluster.clone())),
+        tokio::spawn(watch::pods(client.clone(), cluster.clone(), writer)),
+    ];
+    let (leading_tx, leading_rx) = tokio_watch::channel(cfg.lease.is_none());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let stop_rx = futures_util::FutureExt::shared(async move {
+        let _ = stop_rx.await;
+    });
+    let election = cfg.lease.map(|lease| {
+        let stop = stop_rx.clone();
+        tokio::spawn(leader::run(client.clone(), lease, leading_tx, stop))
+    });
+    let service = Arc::new(Service {
+        cluster,
+        pods: store,
+        client,
+        leading: leading_rx,
+        metrics: Metrics::default(),
+    });
+    let app = http::router(service.clone(), &cfg.prefix, cfg.body_limit);
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    let addr = listener.local_addr()?;
+    let server = match cfg.tls {
+        None => tokio::spawn(async move {
+            let _ = axum::serve(listener, app).with_graceful_shutdown(stop_rx).await;
+        }),
+        Some((cert, key)) => {
+            let acceptor = tls::acceptor(&cert, &key)?;
+            tokio::spawn(tls::serve(listener, acceptor, app, stop_rx))
+        }
+    };
+    tasks.push(server);
+    Ok(Running {
+        addr,
+        service,
+        tasks,
+        stop: Some(stop_tx),
+        election,
+    })
+}

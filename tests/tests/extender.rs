@@ -1,0 +1,612 @@
+//! The scheduler extender over HTTP against the fake API server: kube-scheduler's JSON, safe
+//! bind under concurrency, races with deletion, restart recovery and leader failover.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tessera_core::handoff::{AllocatedDevice, Allocation};
+use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
+use tessera_tests::apiserver::FakeApiServer;
+use tessera_tests::gpu_cluster::{
+    PREFIX, Replica, ReplicaOptions, eventually, gpu_node, keys, plain_node, pod, scheduler_json, share_pod,
+    start_replica,
+};
+use tessera_tests::http::JsonClient;
+
+fn path(verb: &str) -> String {
+    format!("{PREFIX}/{verb}")
+}
+
+fn args(pod: &k8s_openapi::api::core::v1::Pod, nodes: &[&str]) -> Value {
+    json!({"Pod": scheduler_json(pod), "Nodes": null, "NodeNames": nodes})
+}
+
+fn bind_args(p: &k8s_openapi::api::core::v1::Pod, node: &str) -> Value {
+    json!({
+        "PodName": p.metadata.name,
+        "PodNamespace": p.metadata.namespace,
+        "PodUID": p.metadata.uid,
+        "Node": node,
+    })
+}
+
+/// The verified allocation of a bound pod.
+fn allocation_of(api: &FakeApiServer, name: &str) -> Option<Allocation> {
+    let p = api.pod("default", name)?;
+    let node = p.spec.as_ref()?.node_name.clone()?;
+    let a = p.metadata.annotations.as_ref()?;
+    keys()
+        .verify(
+            a.get(ANNOTATION_ALLOCATION).map(String::as_str),
+            a.get(ANNOTATION_ALLOCATION_SIGNATURE).map(String::as_str),
+            &node,
+            p.metadata.uid.as_deref()?,
+        )
+        .ok()
+}
+
+/// Per (node, card UUID): (compute %, memory MiB) summed over every bound pod's verified
+/// allocation. (Nodes built from the same fixture share UUIDs.)
+fn card_totals(api: &FakeApiServer) -> HashMap<(String, String), (u32, u64)> {
+    let mut t: HashMap<(String, String), (u32, u64)> = HashMap::new();
+    for p in api.pods() {
+        let Some(a) = allocation_of(api, p.metadata.name.as_deref().unwrap()) else {
+            continue;
+        };
+        for c in &a.containers {
+            for d in &c.devices {
+                if let AllocatedDevice::Gpu {
+                    uuid,
+                    core_percent,
+                    memory_mib,
+                    ..
+                } = d
+                {
+                    let e = t.entry((a.node.clone(), uuid.clone())).or_default();
+                    e.0 += core_percent;
+                    e.1 += memory_mib;
+                }
+            }
+        }
+    }
+    t
+}
+
+fn assert_no_overcommit(api: &FakeApiServer, card_mib: u64) {
+    for (uuid, (core, mem)) in card_totals(api) {
+        assert!(
+            core <= 100 && mem <= card_mib,
+            "card {uuid:?} over-committed: {core}% {mem} MiB"
+        );
+    }
+}
+
+async fn bind(http: &mut JsonClient, p: &k8s_openapi::api::core::v1::Pod, node: &str) -> anyhow::Result<String> {
+    let (status, reply) = http.post_json(&path("bind"), &bind_args(p, node)).await?;
+    let err = reply["Error"].as_str().unwrap_or_default().to_string();
+    anyhow::ensure!(
+        status == 200 || !err.is_empty(),
+        "bind replied {status} without an error: {reply}"
+    );
+    Ok(err)
+}
+
+async fn cluster(nodes: &[(&str, &str)]) -> anyhow::Result<(FakeApiServer, Replica)> {
+    let api = FakeApiServer::start().await?;
+    for (name, fixture) in nodes {
+        api.create_node(&gpu_node(name, fixture))?;
+    }
+    let r = start_replica(&api, ReplicaOptions::default()).await?;
+    Ok((api, r))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filter_prioritize_and_bind_speak_kube_schedulers_json() -> anyhow::Result<()> {
+    let (api, mut r) = cluster(&[("h1", "h100x8"), ("h2", "h100x8"), ("t1", "t4x2")]).await?;
+    api.create_node(&plain_node("cpu-only"))?;
+    let p = api.create_pod(&share_pod("share", 30, 8))?;
+
+    // Exactly the bytes kube-scheduler sends (PascalCase, pod without TypeMeta).
+    let (status, reply) = r
+        .http
+        .post_json(&path("filter"), &args(&p, &["h1", "h2", "t1", "cpu-only", "ghost"]))
+        .await?;
+    assert_eq!(status, 200);
+    let mut fit: Vec<&str> = reply["NodeNames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    fit.sort();
+    assert_eq!(fit, ["h1", "h2", "t1"], "{reply}");
+    let unresolvable = reply["FailedAndUnresolvableNodes"].as_object().unwrap();
+    assert!(unresolvable["ghost"].as_str().unwrap().contains("not known"), "{reply}");
+    assert!(
+        unresolvable.contains_key("cpu-only"),
+        "a node without GPUs can never fit: {reply}"
+    );
+    assert_eq!(reply["Error"], "");
+    for key in [
+        "Nodes",
+        "NodeNames",
+        "FailedNodes",
+        "FailedAndUnresolvableNodes",
+        "Error",
+    ] {
+        assert!(reply.get(key).is_some(), "reply lacks {key}: {reply}");
+    }
+
+    // A model constraint keeps only the T4 node.
+    let mut t4_only = share_pod("t4", 50, 4);
+    t4_only.metadata.annotations = Some(BTreeMap::from([("tessera.io/gpu-model".into(), "T4".into())]));
+    let t4_only = api.create_pod(&t4_only)?;
+    let (_, reply) = r
+        .http
+        .post_json(&path("filter"), &args(&t4_only, &["h1", "t1"]))
+        .await?;
+    assert_eq!(reply["NodeNames"], json!(["t1"]), "{reply}");
+    assert!(reply["FailedAndUnresolvableNodes"]["h1"].is_string(), "{reply}");
+
+    // Prioritize: every fitting node, 0..=10, the best at 10.
+    let (status, scores) = r
+        .http
+        .post_json(&path("prioritize"), &args(&p, &["h1", "h2", "t1"]))
+        .await?;
+    assert_eq!(status, 200);
+    let scores = scores.as_array().unwrap();
+    assert_eq!(scores.len(), 3, "{scores:?}");
+    assert!(scores.iter().all(|s| (0..=10).contains(&s["Score"].as_i64().unwrap())));
+    assert!(scores.iter().any(|s| s["Score"] == 10));
+
+    // Bind: the signed allocation is on the pod and the pod is bound.
+    assert_eq!(bind(&mut r.http, &p, "h2").await?, "");
+    let a = allocation_of(&api, "share").expect("a verified allocation");
+    assert_eq!(a.node, "h2");
+    assert!(matches!(
+        a.containers[0].devices[..],
+        [AllocatedDevice::Gpu {
+            core_percent: 30,
+            memory_mib: 8192,
+            exclusive: false,
+            ..
+        }]
+    ));
+    // A retried bind succeeds and changes nothing.
+    let before = api.pod("default", "share").unwrap().metadata.annotations;
+    assert_eq!(bind(&mut r.http, &p, "h2").await?, "");
+    assert_eq!(api.pod("default", "share").unwrap().metadata.annotations, before);
+    assert_eq!(api.faults().bindings.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // Bound elsewhere: refused with a reason.
+    assert!(bind(&mut r.http, &p, "h1").await?.contains("already bound"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_form_non_gpu_pods_and_bad_requests() -> anyhow::Result<()> {
+    let (api, mut r) = cluster(&[("h1", "h100x8"), ("t1", "t4x2")]).await?;
+    let whole = api.create_pod(&pod("big", &[("main", &[("tessera.io/gpu-core", "400")])]))?;
+    // Not node-cache capable: `Nodes` in, `Nodes` out.
+    let nodes = json!({"metadata": {}, "items": [serde_json::to_value(gpu_node("h1", "h100x8"))?, serde_json::to_value(gpu_node("t1", "t4x2"))?]});
+    let (_, reply) = r
+        .http
+        .post_json(
+            &path("filter"),
+            &json!({"Pod": scheduler_json(&whole), "Nodes": nodes, "NodeNames": null}),
+        )
+        .await?;
+    let items = reply["Nodes"]["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{reply}");
+    assert_eq!(items[0]["metadata"]["name"], "h1");
+    assert!(reply["NodeNames"].is_null());
+    assert!(
+        reply["FailedNodes"]["t1"].is_string(),
+        "two cards cannot take four: {reply}"
+    );
+
+    // A pod without Tessera resources passes through untouched; no scores.
+    let web = api.create_pod(&pod("web", &[("main", &[("cpu", "1")])]))?;
+    let (_, reply) = r
+        .http
+        .post_json(&path("filter"), &args(&web, &["h1", "t1", "x"]))
+        .await?;
+    assert_eq!(reply["NodeNames"], json!(["h1", "t1", "x"]));
+    let (_, scores) = r
+        .http
+        .post_json(&path("prioritize"), &args(&web, &["h1", "t1"]))
+        .await?;
+    assert_eq!(scores, json!([]));
+    assert_eq!(bind(&mut r.http, &web, "t1").await?, "");
+    assert_eq!(
+        api.pod("default", "web").unwrap().spec.unwrap().node_name.as_deref(),
+        Some("t1")
+    );
+
+    // An invalid Tessera request is unresolvable everywhere, with the field and value.
+    let bad = api.create_pod(&pod("bad", &[("main", &[("tessera.io/gpu-core", "150")])]))?;
+    let (_, reply) = r.http.post_json(&path("filter"), &args(&bad, &["h1"])).await?;
+    let why = reply["FailedAndUnresolvableNodes"]["h1"].as_str().unwrap();
+    assert!(why.contains("gpu-core") && why.contains("150"), "{why}");
+
+    // Malformed bodies: 400 with a JSON error, never a crash.
+    for body in [&b"{not json"[..], b"[]", br#"{"Pod": 3}"#, br#"{"PodName": 1}"#] {
+        for verb in ["filter", "prioritize", "bind", "preempt"] {
+            let (status, bytes) = r.http.request(&path(verb), Some(body.to_vec())).await?;
+            assert_eq!(status, 400, "{verb} {}", String::from_utf8_lossy(body));
+            let v: Value = serde_json::from_slice(&bytes)?;
+            assert!(v["Error"].as_str().unwrap().contains("malformed"), "{v}");
+        }
+    }
+    // Too large: 413, still JSON.
+    let (status, bytes) = r.http.request(&path("filter"), Some(vec![b' '; 9 << 20])).await?;
+    assert_eq!(status, 413);
+    assert!(serde_json::from_slice::<Value>(&bytes)?["Error"].is_string());
+    assert_eq!(r.http.get_status("/healthz").await?, 200);
+    assert_eq!(r.http.get_status("/readyz").await?, 200);
+    let (_, m) = r.http.request("/metrics", None).await?;
+    let m = String::from_utf8(m)?;
+    assert!(
+        m.contains("tessera_extender_requests_total{verb=\"filter\",outcome=\"bad_request\"} 5"),
+        "{m}"
+    );
+    assert!(m.contains("tessera_extender_leader 1"), "{m}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hundred_and_twenty_concurrent_binds_never_overcommit() -> anyhow::Result<()> {
+    // Two nodes of two T4s: room for 20 pods of 10% per node.
+    let (api, r) = cluster(&[("a", "t4x2"), ("b", "t4x2")]).await?;
+    let addr = r.running.addr;
+    let pods: Vec<_> = (0..120)
+        .map(|i| api.create_pod(&share_pod(&format!("p{i}"), 10, 1)))
+        .collect::<anyhow::Result<_>>()?;
+    let tasks: Vec<_> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let p = p.clone();
+            let node = if i % 2 == 0 { "a" } else { "b" };
+            tokio::spawn(async move {
+                let mut http = JsonClient::new(addr);
+                bind(&mut http, &p, node).await
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        let err = t.await??;
+        if err.is_empty() {
+            ok += 1;
+        } else {
+            assert!(err.contains("does not fit"), "{err}");
+        }
+    }
+    assert_eq!(ok, 40, "exactly the capacity is bound");
+    let bound = api
+        .pods()
+        .iter()
+        .filter(|p| p.spec.as_ref().unwrap().node_name.is_some())
+        .count();
+    assert_eq!(bound, 40);
+    let totals = card_totals(&api);
+    assert_eq!(totals.len(), 4);
+    assert!(totals.values().all(|&(core, _)| core == 100), "{totals:?}");
+    assert_no_overcommit(&api, 15360);
+    // Pending pods carry no allocation.
+    assert!(
+        api.pods()
+            .iter()
+            .filter(|p| p.spec.as_ref().unwrap().node_name.is_none())
+            .all(|p| p
+                .metadata
+                .annotations
+                .as_ref()
+                .is_none_or(|a| !a.contains_key(ANNOTATION_ALLOCATION)))
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_release_and_deletions_free() -> anyhow::Result<()> {
+    let (api, mut r) = cluster(&[("t", "t4x2")]).await?;
+    let whole = |n: &str| pod(n, &[("main", &[("tessera.io/gpu-core", "200")])]);
+    let p = api.create_pod(&whole("w1"))?;
+    let uid = p.metadata.uid.clone().unwrap();
+
+    // The Binding fails: the reservation is released and the pod stays unbound.
+    api.faults().fail_bindings.store(1, std::sync::atomic::Ordering::SeqCst);
+    let err = bind(&mut r.http, &p, "t").await?;
+    assert!(err.contains("injected binding failure"), "{err}");
+    assert!(
+        r.running.service.cluster.booking(&uid).is_none(),
+        "reservation released"
+    );
+    // The retry succeeds with both cards.
+    assert_eq!(bind(&mut r.http, &p, "t").await?, "");
+    assert_eq!(allocation_of(&api, "w1").unwrap().containers[0].devices.len(), 2);
+
+    // The node is full; a second pod does not fit.
+    let q = api.create_pod(&share_pod("q", 10, 1))?;
+    let (_, reply) = r.http.post_json(&path("filter"), &args(&q, &["t"])).await?;
+    assert_eq!(reply["NodeNames"], json!([]), "{reply}");
+    assert!(reply["FailedNodes"]["t"].is_string());
+
+    // Deleting the pod frees both cards (seen through the watch).
+    api.delete_pod("default", "w1");
+    let cluster = r.running.service.cluster.clone();
+    eventually(10, "the deletion to free the cards", || cluster.booking(&uid).is_none()).await?;
+    let (_, reply) = r.http.post_json(&path("filter"), &args(&q, &["t"])).await?;
+    assert_eq!(reply["NodeNames"], json!(["t"]));
+
+    // A finished pod frees its share too.
+    let w2 = api.create_pod(&whole("w2"))?;
+    assert_eq!(bind(&mut r.http, &w2, "t").await?, "");
+    let uid2 = w2.metadata.uid.clone().unwrap();
+    api.set_pod_phase("default", "w2", "Succeeded");
+    eventually(10, "the finished pod to free the cards", || {
+        cluster.booking(&uid2).is_none()
+    })
+    .await?;
+
+    // A bind racing the pod's deletion leaves nothing behind.
+    let w3 = api.create_pod(&whole("w3"))?;
+    api.faults()
+        .binding_delay_ms
+        .store(300, std::sync::atomic::Ordering::SeqCst);
+    let addr = r.running.addr;
+    let w3c = w3.clone();
+    let racing = tokio::spawn(async move { bind(&mut JsonClient::new(addr), &w3c, "t").await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    api.delete_pod("default", "w3");
+    let err = racing.await??;
+    assert!(!err.is_empty(), "the bind of a deleted pod fails");
+    api.faults()
+        .binding_delay_ms
+        .store(0, std::sync::atomic::Ordering::SeqCst);
+    let uid3 = w3.metadata.uid.clone().unwrap();
+    eventually(10, "no leak", || cluster.booking(&uid3).is_none()).await?;
+    let w4 = api.create_pod(&whole("w4"))?;
+    assert_eq!(bind(&mut r.http, &w4, "t").await?, "", "both cards are free again");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_extender_rebuilds_every_allocation_before_it_is_ready() -> anyhow::Result<()> {
+    let (api, mut r) = cluster(&[("a", "t4x2"), ("b", "h100x8")]).await?;
+    for i in 0..6 {
+        let p = api.create_pod(&share_pod(&format!("s{i}"), 60, 2))?;
+        assert_eq!(bind(&mut r.http, &p, if i < 2 { "a" } else { "b" }).await?, "");
+    }
+    let before = card_totals(&api);
+    r.running.shutdown().await;
+
+    // A fresh replica: it must know the T4s each hold 60%, so a 50% pod no longer fits there.
+    let mut r2 = start_replica(&api, ReplicaOptions::default()).await?;
+    assert_eq!(r2.http.get_status("/readyz").await?, 200);
+    let p = api.create_pod(&share_pod("late", 50, 1))?;
+    let (_, reply) = r2.http.post_json(&path("filter"), &args(&p, &["a", "b"])).await?;
+    assert_eq!(reply["NodeNames"], json!(["b"]), "{reply}");
+    assert_eq!(bind(&mut r2.http, &p, "b").await?, "");
+    // Nothing was re-allocated on the way.
+    let after = card_totals(&api);
+    for (card, used) in before {
+        assert!(after[&card].0 >= used.0);
+    }
+    assert_no_overcommit(&api, 81559);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_failover_loses_and_duplicates_nothing() -> anyhow::Result<()> {
+    let api = FakeApiServer::start().await?;
+    api.create_node(&gpu_node("a", "t4x2"))?;
+    api.create_node(&gpu_node("b", "t4x2"))?;
+    let opts = |id: &str| ReplicaOptions {
+        identity: Some(id.into()),
+        ..Default::default()
+    };
+    let mut replicas = vec![
+        start_replica(&api, opts("one")).await?,
+        start_replica(&api, opts("two")).await?,
+    ];
+    let services: Vec<_> = replicas.iter().map(|r| r.running.service.clone()).collect();
+    eventually(10, "a leader", || services.iter().any(|s| s.is_leader())).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        services.iter().filter(|s| s.is_leader()).count(),
+        1,
+        "exactly one leader"
+    );
+    let leader = services.iter().position(|s| s.is_leader()).unwrap();
+    assert_eq!(replicas[leader].http.get_status("/readyz").await?, 200);
+    assert_eq!(
+        replicas[1 - leader].http.get_status("/readyz").await?,
+        503,
+        "followers are not ready"
+    );
+    // A follower refuses to bind.
+    let stray = api.create_pod(&share_pod("stray", 10, 1))?;
+    assert!(
+        bind(&mut replicas[1 - leader].http, &stray, "a")
+            .await?
+            .contains("not the leader")
+    );
+
+    // A stream of binds, each sent to a ready replica (as the Service routes); the leader is
+    // killed a third of the way through.
+    let pods: Vec<_> = (0..30)
+        .map(|i| api.create_pod(&share_pod(&format!("p{i}"), 10, 1)))
+        .collect::<anyhow::Result<_>>()?;
+    let mut failover = None;
+    for (i, p) in pods.iter().enumerate() {
+        if i == 10 {
+            // No lease release: the process just stops.
+            replicas.remove(leader).running.kill();
+            failover = Some(tokio::time::Instant::now());
+        }
+        let node = if i % 2 == 0 { "a" } else { "b" };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        'routed: loop {
+            for r in replicas.iter_mut() {
+                if r.http.get_status("/readyz").await? == 200 {
+                    let err = bind(&mut r.http, p, node).await?;
+                    if err.is_empty() {
+                        break 'routed;
+                    }
+                    assert!(err.contains("not the leader"), "{err}");
+                }
+            }
+            anyhow::ensure!(tokio::time::Instant::now() < deadline, "no leader took over");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if i == 10 {
+            eprintln!("failover took {:?}", failover.unwrap().elapsed());
+        }
+    }
+    assert!(replicas[0].running.service.is_leader(), "the follower took over");
+    assert_eq!(
+        api.faults().bindings.load(std::sync::atomic::Ordering::Relaxed),
+        30,
+        "every pod bound exactly once"
+    );
+    assert_eq!(card_totals(&api).values().map(|v| v.0).sum::<u32>(), 300);
+    assert_no_overcommit(&api, 15360);
+    let lease = api.lease("tessera-system", "tessera-extender").unwrap();
+    assert!(lease["spec"]["leaseTransitions"].as_i64().unwrap() >= 1, "{lease}");
+    Ok(())
+}
+
+/// A pod already bound to `node` with a signed allocation of `core`% on card `card`.
+fn bound_share(name: &str, node: &str, card: usize, core: u32) -> k8s_openapi::api::core::v1::Pod {
+    use tessera_core::inventory::{FixtureSource, InventorySource};
+    let inv = FixtureSource {
+        fixture: "t4x2".into(),
+        driver_root: None,
+    }
+    .discover()
+    .unwrap();
+    let g = &inv.gpus[card];
+    let uid = format!("uid-{name}");
+    let mut a = Allocation::new(node, &uid);
+    a.containers.push(tessera_core::handoff::ContainerAllocation {
+        name: "main".into(),
+        role: tessera_core::request::ContainerRole::App,
+        devices: vec![AllocatedDevice::Gpu {
+            uuid: g.uuid.clone(),
+            index: g.index,
+            minor: g.minor,
+            core_percent: core,
+            memory_mib: 1024,
+            exclusive: false,
+        }],
+    });
+    let s = keys().sign(&a);
+    let mut p = share_pod(name, core, 1);
+    p.metadata.uid = Some(uid);
+    p.metadata.annotations = Some(BTreeMap::from([
+        (ANNOTATION_ALLOCATION.to_string(), s.allocation),
+        (ANNOTATION_ALLOCATION_SIGNATURE.to_string(), s.signature),
+    ]));
+    p.spec.as_mut().unwrap().node_name = Some(node.into());
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempt_keeps_only_victims_that_free_a_card() -> anyhow::Result<()> {
+    let (api, mut r) = cluster(&[("t", "t4x2")]).await?;
+    // Card 0: v1 + v2 (50% each); card 1: v3 (50%).
+    let victims =
+        [("v1", 0), ("v2", 0), ("v3", 1)].map(|(n, card)| api.create_pod(&bound_share(n, "t", card, 50)).unwrap());
+    let cluster = r.running.service.cluster.clone();
+    eventually(10, "the bound pods to be booked", || {
+        victims
+            .iter()
+            .all(|v| cluster.booking(v.metadata.uid.as_deref().unwrap()).is_some())
+    })
+    .await?;
+    let whole = api.create_pod(&pod("whole", &[("main", &[("tessera.io/gpu-core", "100")])]))?;
+    let meta = |names: &[&str]| -> Value {
+        let pods: Vec<Value> = names.iter().map(|n| json!({"UID": format!("uid-{n}")})).collect();
+        json!({"Pod": scheduler_json(&whole), "NodeNameToVictims": null,
+               "NodeNameToMetaVictims": {"t": {"Pods": pods, "NumPDBViolations": 1}}})
+    };
+    let kept = |reply: &Value| -> Vec<String> {
+        reply["NodeNameToMetaVictims"]["t"]["Pods"]
+            .as_array()
+            .map(|a| a.iter().map(|p| p["UID"].as_str().unwrap().to_string()).collect())
+            .unwrap_or_default()
+    };
+    // Evicting v1 alone frees no whole card (v2 stays on card 0): the node is dropped.
+    let (status, reply) = r.http.post_json(&path("preempt"), &meta(&["v1"])).await?;
+    assert_eq!(status, 200);
+    assert_eq!(reply["NodeNameToMetaVictims"], json!({}), "{reply}");
+    // Offered v1 and v3, evicting v3 empties card 1: v1 is spared.
+    let (_, reply) = r.http.post_json(&path("preempt"), &meta(&["v1", "v3"])).await?;
+    assert_eq!(kept(&reply), ["uid-v3"], "{reply}");
+    assert_eq!(reply["NodeNameToMetaVictims"]["t"]["NumPDBViolations"], 1, "{reply}");
+    // Offered v1 and v2, both must go.
+    let (_, reply) = r.http.post_json(&path("preempt"), &meta(&["v1", "v2"])).await?;
+    assert_eq!(kept(&reply), ["uid-v1", "uid-v2"], "{reply}");
+    // The same with victims as objects (not node-cache capable).
+    let objs: Vec<Value> = victims.iter().map(scheduler_json).collect();
+    let (_, reply) = r
+        .http
+        .post_json(
+            &path("preempt"),
+            &json!({"Pod": scheduler_json(&whole), "NodeNameToMetaVictims": null,
+                    "NodeNameToVictims": {"t": {"Pods": objs, "NumPDBViolations": 0}}}),
+        )
+        .await?;
+    assert_eq!(kept(&reply).len(), 1, "one victim is enough: {reply}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_https_with_the_given_certificate() -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let api = FakeApiServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
+    let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert_path, cert.cert.pem())?;
+    std::fs::write(&key_path, cert.signing_key.serialize_pem())?;
+    let cluster = Arc::new(tessera_extender::service::cluster::Cluster::new(
+        Default::default(),
+        keys(),
+        Default::default(),
+    ));
+    let running = tessera_extender::service::start(
+        api.client()?,
+        cluster,
+        tessera_extender::service::ServiceConfig {
+            listen: "127.0.0.1:0".parse()?,
+            prefix: PREFIX.into(),
+            body_limit: 1 << 20,
+            lease: None,
+            tls: Some((cert_path, key_path)),
+        },
+    )
+    .await?;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone())?;
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(running.addr).await?;
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect("localhost".try_into()?, tcp)
+        .await?;
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut reply = String::new();
+    tls.read_to_string(&mut reply).await?;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.ends_with("ok"), "{reply}");
+    // Plain HTTP to the TLS port gets nowhere.
+    assert!(JsonClient::new(running.addr).get_status("/healthz").await.is_err());
+    Ok(())
+}
