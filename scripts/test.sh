@@ -11,3 +11,5 @@ bash tests/runtimes/fetch.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+# Install manifests against the Kubernetes schemas of several versions.
+bash scripts/validate-manifests.sh

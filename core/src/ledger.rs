@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use rustc_hash::FxHashMap;
 use thiserror::Error;
 
 use crate::handoff::{AllocatedDevice, Allocation, ContainerAllocation};
@@ -90,6 +91,8 @@ pub struct Ledger {
     bookings: HashMap<String, Booking>,
     by_node: HashMap<String, BTreeSet<String>>,
     capacity: HashMap<String, NodeCapacity>,
+    /// Live nodes' positions in the engine (the scheduler asks by name, thousands at a time).
+    live: FxHashMap<String, usize>,
 }
 
 impl Ledger {
@@ -100,6 +103,7 @@ impl Ledger {
             bookings: HashMap::new(),
             by_node: HashMap::new(),
             capacity: HashMap::new(),
+            live: FxHashMap::default(),
         }
     }
 
@@ -120,10 +124,7 @@ impl Ledger {
 
     /// A node's position in the engine, if it is known (and not deleted).
     pub fn node_index(&self, name: &str) -> Option<usize> {
-        self.capacity
-            .contains_key(name)
-            .then(|| self.engine.cluster.node_index(name))
-            .flatten()
+        self.live.get(name).copied()
     }
 
     /// Number of known nodes.
@@ -160,6 +161,7 @@ impl Ledger {
         };
         let i = self.engine.cluster.add_node(node);
         self.capacity.insert(name.to_string(), capacity);
+        self.live.insert(name.to_string(), i);
         let mut problems = Vec::new();
         for uid in self.by_node.get(name).cloned().unwrap_or_default() {
             let b = &self.bookings[&uid];
@@ -182,6 +184,7 @@ impl Ledger {
         if self.capacity.remove(name).is_none() {
             return;
         }
+        self.live.remove(name);
         if let Some(i) = self.engine.cluster.node_index(name) {
             let n = &mut self.engine.cluster.nodes[i];
             *n = NodeState {

@@ -94,7 +94,7 @@ impl GpuDemand {
 }
 
 /// When a container runs relative to the others.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Hash, Eq, Serialize, Deserialize)]
 pub enum ContainerRole {
     /// A regular init container: runs alone (beside earlier sidecars), then exits.
     Init,

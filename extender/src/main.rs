@@ -25,6 +25,62 @@ enum Command {
     Simulate(SimulateArgs),
     /// Run the kube-scheduler HTTP extender (filter / prioritize / bind / preempt).
     Serve(serve_cmd::ServeArgs),
+    /// Print the install manifests (typed objects rendered to YAML).
+    Manifests(ManifestArgs),
+}
+
+#[derive(Args)]
+struct ManifestArgs {
+    /// Namespace for every namespaced object.
+    #[arg(long, default_value = "tessera-system")]
+    namespace: String,
+    /// The Tessera image.
+    #[arg(long)]
+    image: Option<String>,
+    /// The kube-scheduler image for the `tessera` scheduler (match your cluster's version).
+    #[arg(long)]
+    scheduler_image: Option<String>,
+    /// Extender replicas.
+    #[arg(long, default_value_t = 2)]
+    replicas: i32,
+    /// Host directory of the NVIDIA driver files.
+    #[arg(long, default_value = "/")]
+    driver_root: String,
+    /// Print only the KubeSchedulerConfiguration.
+    #[arg(long)]
+    scheduler_config: bool,
+    /// Write here instead of stdout.
+    #[arg(long, default_value = "-")]
+    out: String,
+}
+
+fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
+    use tessera_extender::manifests::{ManifestOptions, render, scheduler_config};
+    let d = ManifestOptions::default();
+    anyhow::ensure!(
+        args.replicas >= 1,
+        "--replicas must be at least 1, got {}",
+        args.replicas
+    );
+    let opts = ManifestOptions {
+        namespace: args.namespace,
+        image: args.image.unwrap_or(d.image),
+        scheduler_image: args.scheduler_image.unwrap_or(d.scheduler_image),
+        replicas: args.replicas,
+        driver_root: args.driver_root,
+        ..d
+    };
+    let text = if args.scheduler_config {
+        scheduler_config(&opts)
+    } else {
+        render(&opts)
+    };
+    if args.out == "-" {
+        print!("{text}");
+    } else {
+        std::fs::write(&args.out, text).with_context(|| format!("writing {}", args.out))?;
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -188,6 +244,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Simulate(args) => simulate(args),
+        Command::Manifests(args) => manifests(args),
         Command::Serve(args) => tokio::runtime::Runtime::new()?.block_on(serve_cmd::serve(args)),
     }
 }

@@ -7,7 +7,7 @@ use crate::request::{ContainerRole, GpuDemand, PodRequest};
 use super::state::CARD_MILLI;
 
 /// What one container needs of the cards.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum CardDemand {
     /// A share of one card: compute in milli (0 = memory only) and memory (`None` = in
     /// proportion to the compute on the chosen card).
@@ -40,7 +40,7 @@ impl CardDemand {
 }
 
 /// One container that needs cards.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ContainerDemand {
     /// Container name.
     pub name: String,
@@ -51,7 +51,7 @@ pub struct ContainerDemand {
 }
 
 /// A pod as the engine places it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct PodDemand {
     /// Effective CPU request, millicores.
     pub cpu_milli: u64,

@@ -223,7 +223,8 @@ impl Fragmentation {
         self.sorted.sort_unstable_by(|a, b| b.cmp(a));
         // Only the number of class CPU thresholds met matters, not the CPU itself.
         let cpu_rank = self.cpu_thresholds.partition_point(|&t| t <= cpu_free) as u32;
-        let key = if self.sorted.len() <= 12 {
+        // A lookup in a large memo is a cache miss; computing a few classes is cheaper.
+        let key = if self.sorted.len() <= 12 && self.classes.len() * self.sorted.len() > 256 {
             let mut k: u128 = self.sorted.len() as u128;
             for &f in &self.sorted {
                 k = (k << 10) | u128::from(f.min(1023));

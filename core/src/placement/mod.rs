@@ -87,6 +87,14 @@ enum SimpleChoice {
     Whole,
 }
 
+/// A node's verdict for the last pod shape evaluated on it.
+#[derive(Debug, Clone)]
+struct ScoreMemo {
+    key: u64,
+    pod: std::sync::Arc<PodDemand>,
+    verdict: Result<f64, String>,
+}
+
 /// The placement engine.
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -97,6 +105,7 @@ pub struct Engine {
     frag: Fragmentation,
     workload: TargetWorkload,
     node_frag: Vec<Option<f64>>,
+    score_memo: Vec<Option<ScoreMemo>>,
     shape: NodeShape,
     positions: Vec<usize>,
 }
@@ -177,6 +186,7 @@ impl Engine {
             frag,
             workload: workload.clone(),
             node_frag: vec![None; n],
+            score_memo: vec![None; n],
             shape: NodeShape::default(),
             positions: Vec::new(),
         }
@@ -197,14 +207,17 @@ impl Engine {
         self.frag = Fragmentation::new(workload, &self.cluster);
         self.workload = workload.clone();
         self.node_frag.iter_mut().for_each(|f| *f = None);
+        self.score_memo.iter_mut().for_each(|f| *f = None);
     }
 
     /// Tells the engine a node changed outside [`Engine::commit`] / [`Engine::release`].
     pub fn node_changed(&mut self, node: usize) {
         if self.node_frag.len() < self.cluster.nodes.len() {
             self.node_frag.resize(self.cluster.nodes.len(), None);
+            self.score_memo.resize(self.cluster.nodes.len(), None);
         }
         self.node_frag[node] = None;
+        self.score_memo[node] = None;
     }
 
     /// Fragmentation of one node now, milli-GPU.
@@ -277,6 +290,11 @@ impl Engine {
                 let mut best: Option<(f64, usize, u64)> = None;
                 let mut ties = 0u64;
                 let mut fallback: Option<(u32, u64)> = None;
+                // Cards in the same state score the same (the first is kept on ties), so the
+                // fragmentation policies evaluate each state once.
+                let dedupe = matches!(gpu_policy, PolicyKind::Fgd | PolicyKind::Mosaic);
+                let mut seen: [(u32, u64, u64); 16] = [(0, 0, 0); 16];
+                let mut n_seen = 0;
                 for (i, c) in node.cards.iter().enumerate() {
                     if !c.offers_compute() || !model_ok(i) {
                         continue;
@@ -287,6 +305,16 @@ impl Engine {
                             fallback = Some((c.core_free(), c.memory_free()));
                         }
                         continue;
+                    }
+                    if dedupe {
+                        let state = (c.core_free(), c.memory_free(), mem);
+                        if seen[..n_seen].contains(&state) {
+                            continue;
+                        }
+                        if n_seen < seen.len() {
+                            seen[n_seen] = state;
+                            n_seen += 1;
+                        }
                     }
                     let s = match gpu_policy {
                         PolicyKind::Binpack | PolicyKind::Bestfit => {
@@ -489,11 +517,43 @@ impl Engine {
     }
 
     /// Filters and scores `nodes` for `pod`: per node, its score or why it does not fit.
+    ///
+    /// Each node remembers its verdict for the last pod shape it was asked about until it
+    /// changes (or the workload does): the scheduler asks filter and then prioritize for the
+    /// same pod, and consecutive pods of one workload have the same shape.
     pub fn evaluate_nodes(&mut self, pod: &PodDemand, nodes: &[usize]) -> Vec<(usize, Result<f64, String>)> {
         let allowed = self.cluster.allowed_models(pod.gpu_models.as_deref());
+        let (node_policy, gpu_policy) = self.policies(pod);
+        let deterministic = node_policy != PolicyKind::Random && gpu_policy != PolicyKind::Random;
+        let key = {
+            use std::hash::BuildHasher as _;
+            rustc_hash::FxBuildHasher.hash_one(pod)
+        };
+        if self.score_memo.len() < self.cluster.nodes.len() {
+            self.score_memo.resize(self.cluster.nodes.len(), None);
+            self.node_frag.resize(self.cluster.nodes.len(), None);
+        }
+        let shared = std::sync::Arc::new(pod.clone());
         nodes
             .iter()
-            .map(|&n| (n, self.evaluate(n, pod, &allowed).map(|(s, _)| s)))
+            .map(|&n| {
+                if deterministic
+                    && let Some(m) = &self.score_memo[n]
+                    && m.key == key
+                    && *m.pod == *pod
+                {
+                    return (n, m.verdict.clone());
+                }
+                let verdict = self.evaluate(n, pod, &allowed).map(|(s, _)| s);
+                if deterministic {
+                    self.score_memo[n] = Some(ScoreMemo {
+                        key,
+                        pod: shared.clone(),
+                        verdict: verdict.clone(),
+                    });
+                }
+                (n, verdict)
+            })
             .collect()
     }
 

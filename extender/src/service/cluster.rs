@@ -16,7 +16,7 @@ use tessera_core::quantity::Amount;
 use tessera_core::request::{PodRequest, RequestOptions};
 use tracing::{debug, warn};
 
-use super::wire::{MAX_PRIORITY, MetaVictims};
+use super::wire::{HostPriority, MAX_PRIORITY, MetaVictims};
 
 /// How many observed pods between refreshes of the target workload.
 const WORKLOAD_REFRESH: u64 = 64;
@@ -44,6 +44,8 @@ pub struct FilterOutcome {
 struct Learning {
     learner: WorkloadLearner,
     seen: u64,
+    /// The engine's target is behind the learner.
+    stale: bool,
 }
 
 /// The cluster as the extender knows it.
@@ -110,6 +112,7 @@ impl Cluster {
             learning: Mutex::new(Learning {
                 learner: WorkloadLearner::new(2000.0),
                 seen: 0,
+                stale: false,
             }),
             keys,
             opts,
@@ -217,12 +220,17 @@ impl Cluster {
             l.confirm(uid);
             return;
         }
+        // Running GPU pods are the workload fragmentation is measured against.
+        let learn = allocation.is_some() && l.booking(uid).is_none();
         let booking = Booking {
             node: node.to_string(),
             demand,
             allocation,
             hold: Hold::Bound,
         };
+        if learn {
+            self.learn(&mut l, &booking.demand);
+        }
         if let Err(e) = l.book(uid, booking.clone()) {
             warn!(pod = name, node, error = %e, "counting the pod without its GPUs");
             let _ = l.book(
@@ -250,6 +258,12 @@ impl Cluster {
             }
         }
         self.pods_synced.store(true, Ordering::Release);
+        // The running pods seen during the list are the first target workload.
+        let mut learning = self.learning.lock().unwrap_or_else(|p| p.into_inner());
+        if learning.stale || learning.seen > 0 {
+            learning.stale = false;
+            l.set_workload(&learning.learner.target(0.95, 10));
+        }
     }
 
     /// Filters and scores `candidates` for `ask`.
@@ -349,33 +363,66 @@ impl Cluster {
     }
 
     fn observe(&self, demand: &PodDemand) {
+        let mut l = self.ledger();
+        self.learn(&mut l, demand);
+    }
+
+    /// Records a pod in the workload and refreshes the engine's target now and then (each
+    /// refresh forgets the memoised node verdicts). Lock order: ledger, then learning.
+    fn learn(&self, ledger: &mut Ledger, demand: &PodDemand) {
         let mut learning = self.learning.lock().unwrap_or_else(|p| p.into_inner());
         learning.learner.observe(demand);
         learning.seen += 1;
-        if learning.seen == 1 || learning.seen.is_multiple_of(WORKLOAD_REFRESH) {
-            let target = learning.learner.target(0.95, 10);
-            drop(learning);
-            self.ledger().set_workload(&target);
+        if learning.seen == 1 || learning.seen.is_multiple_of(WORKLOAD_REFRESH) || !self.synced() {
+            learning.stale = true;
+        }
+        if learning.stale && self.synced() {
+            learning.stale = false;
+            ledger.set_workload(&learning.learner.target(0.95, 10));
         }
     }
 }
 
 /// Scales engine scores to the extender's 0..=10: the best node gets 10, the worst 0, the
 /// rest in proportion (all 10 when they tie).
-pub fn scale_scores(fits: &[(String, f64)]) -> Vec<(String, i64)> {
+pub fn scale_scores(fits: Vec<(String, f64)>) -> Vec<HostPriority> {
     let (lo, hi) = fits
         .iter()
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), (_, s)| {
             (lo.min(*s), hi.max(*s))
         });
-    fits.iter()
-        .map(|(n, s)| {
-            let score = if hi - lo <= f64::EPSILON * hi.abs().max(1.0) {
+    let tie = hi - lo <= f64::EPSILON * hi.abs().max(1.0);
+    fits.into_iter()
+        .map(|(host, s)| {
+            let score = if tie {
                 MAX_PRIORITY
             } else {
                 ((s - lo) / (hi - lo) * MAX_PRIORITY as f64).round() as i64
             };
-            (n.clone(), score.clamp(0, MAX_PRIORITY))
+            HostPriority {
+                host,
+                score: score.clamp(0, MAX_PRIORITY),
+            }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scaled(v: &[f64]) -> Vec<i64> {
+        scale_scores(v.iter().enumerate().map(|(i, s)| (format!("n{i}"), *s)).collect())
+            .into_iter()
+            .map(|h| h.score)
+            .collect()
+    }
+
+    #[test]
+    fn scores_span_zero_to_ten_and_ties_get_ten() {
+        assert_eq!(scaled(&[-3.0, 1.0, 5.0]), [0, 5, 10]);
+        assert_eq!(scaled(&[2.5, 2.5]), [10, 10]);
+        assert_eq!(scaled(&[1e12, 1e12 + 1.0, 1e12 + 2.0]), [0, 5, 10]);
+        assert!(scaled(&[]).is_empty());
+    }
 }

@@ -148,10 +148,7 @@ pub fn prioritize_reply(svc: &Service, args: &ExtenderArgs) -> Vec<HostPriority>
         _ => return Vec::new(),
     };
     let out = svc.cluster.filter(&ask, &args.candidates());
-    scale_scores(&out.fits)
-        .into_iter()
-        .map(|(host, score)| HostPriority { host, score })
-        .collect()
+    scale_scores(out.fits)
 }
 
 async fn prioritize(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {

@@ -1,0 +1,589 @@
+//! The install manifests, as typed Kubernetes objects rendered to YAML
+//! (`tessera-extender manifests`). `deploy/tessera.yaml` is the default rendering; a test fails
+//! when it drifts from this code.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    HostPathVolumeSource, Namespace, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Toleration, Volume,
+    VolumeMount,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
+use tessera_core::names::{RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, RESOURCE_MIG_PREFIX};
+
+/// What the rendering depends on.
+#[derive(Debug, Clone)]
+pub struct ManifestOptions {
+    /// Namespace everything lives in.
+    pub namespace: String,
+    /// The Tessera image (all binaries).
+    pub image: String,
+    /// The kube-scheduler image for the second scheduler (match the cluster's version).
+    pub scheduler_image: String,
+    /// Extender replicas.
+    pub replicas: i32,
+    /// Label that marks GPU nodes for the node DaemonSet.
+    pub node_selector: (String, String),
+    /// Host directory of the NVIDIA driver files.
+    pub driver_root: String,
+}
+
+impl Default for ManifestOptions {
+    fn default() -> Self {
+        Self {
+            namespace: "tessera-system".into(),
+            image: "ghcr.io/tessera-gpu/tessera:0.1.0".into(),
+            scheduler_image: "registry.k8s.io/kube-scheduler:v1.33.0".into(),
+            replicas: 2,
+            node_selector: ("tessera.io/gpu-node".into(), "true".into()),
+            driver_root: "/".into(),
+        }
+    }
+}
+
+/// The scheduler name pods use to be placed by Tessera.
+pub const SCHEDULER_NAME: &str = "tessera";
+/// The Secret holding the hand-off signing keys.
+pub const KEYS_SECRET: &str = "tessera-handoff-keys";
+const EXTENDER: &str = "tessera-extender";
+const SCHEDULER: &str = "tessera-scheduler";
+const NODE: &str = "tessera-node";
+const EXTENDER_PORT: i32 = 8888;
+
+/// MIG profiles listed as scheduler-managed resources (A100 and H100 families).
+const MIG_PROFILES: &[&str] = &[
+    "1g.5gb", "1g.10gb", "1g.12gb", "1g.20gb", "2g.10gb", "2g.20gb", "2g.24gb", "3g.20gb", "3g.40gb", "3g.47gb",
+    "4g.20gb", "4g.40gb", "4g.47gb", "7g.40gb", "7g.80gb", "7g.94gb",
+];
+
+fn meta(name: &str, ns: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: ns.map(Into::into),
+        labels: Some(BTreeMap::from([
+            ("app.kubernetes.io/name".to_string(), name.to_string()),
+            ("app.kubernetes.io/part-of".to_string(), "tessera".to_string()),
+        ])),
+        ..Default::default()
+    }
+}
+
+fn selector(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([("app.kubernetes.io/name".to_string(), name.to_string())])
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(v(groups)),
+        resources: Some(v(resources)),
+        verbs: v(verbs),
+        ..Default::default()
+    }
+}
+
+fn sa_subject(name: &str, ns: &str) -> Vec<Subject> {
+    vec![Subject {
+        kind: "ServiceAccount".into(),
+        name: name.into(),
+        namespace: Some(ns.into()),
+        ..Default::default()
+    }]
+}
+
+fn cluster_binding(name: &str, role: &str, sa: &str, ns: &str) -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: meta(name, None),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: role.into(),
+        },
+        subjects: Some(sa_subject(sa, ns)),
+    }
+}
+
+fn role_binding(name: &str, ns: &str, kind: &str, role: &str, sa: &str, sa_ns: &str) -> RoleBinding {
+    RoleBinding {
+        metadata: meta(name, Some(ns)),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: kind.into(),
+            name: role.into(),
+        },
+        subjects: Some(sa_subject(sa, sa_ns)),
+    }
+}
+
+fn env_field(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn resources(cpu: &str, memory: &str, memory_limit: &str) -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity(cpu.into())),
+            ("memory".to_string(), Quantity(memory.into())),
+        ])),
+        limits: Some(BTreeMap::from([("memory".to_string(), Quantity(memory_limit.into()))])),
+        ..Default::default()
+    }
+}
+
+fn host_path(name: &str, path: &str, kind: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        host_path: Some(HostPathVolumeSource {
+            path: path.into(),
+            type_: Some(kind.into()),
+        }),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+fn http_probe(path: &str, period: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(EXTENDER_PORT),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        ..Default::default()
+    }
+}
+
+fn keys_volume() -> Volume {
+    Volume {
+        name: "handoff-keys".into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(KEYS_SECRET.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn restricted() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        run_as_user: Some(65532),
+        capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The KubeSchedulerConfiguration of the `tessera` scheduler profile.
+pub fn scheduler_config(opts: &ManifestOptions) -> String {
+    let mut managed = vec![RESOURCE_GPU_CORE.to_string(), RESOURCE_GPU_MEMORY.to_string()];
+    managed.extend(MIG_PROFILES.iter().map(|p| format!("{RESOURCE_MIG_PREFIX}{p}")));
+    let managed: String = managed
+        .iter()
+        .map(|m| format!("  - name: {m}\n    ignoredByScheduler: false\n"))
+        .collect();
+    format!(
+        "apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: true
+  resourceName: {SCHEDULER}
+  resourceNamespace: {ns}
+profiles:
+- schedulerName: {SCHEDULER_NAME}
+extenders:
+- urlPrefix: http://{EXTENDER}.{ns}.svc:{EXTENDER_PORT}/tessera
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  weight: 5
+  bindVerb: bind
+  preemptVerb: preempt
+  nodeCacheCapable: true
+  httpTimeout: 5s
+  ignorable: false
+  managedResources:
+{managed}",
+        ns = opts.namespace
+    )
+}
+
+/// Every object, in apply order.
+pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
+    let ns = opts.namespace.as_str();
+    let mut out: Vec<serde_json::Value> = Vec::new();
+    let mut push = |v: &dyn erased::Ser| out.push(v.value());
+
+    push(&Namespace {
+        metadata: meta(ns, None),
+        ..Default::default()
+    });
+    for sa in [EXTENDER, SCHEDULER, NODE] {
+        push(&ServiceAccount {
+            metadata: meta(sa, Some(ns)),
+            ..Default::default()
+        });
+    }
+
+    // Extender: read nodes and pods, annotate and bind pods, its own Lease.
+    push(&ClusterRole {
+        metadata: meta(EXTENDER, None),
+        rules: Some(vec![
+            rule(&[""], &["nodes"], &["get", "list", "watch"]),
+            rule(&[""], &["pods"], &["get", "list", "watch", "patch"]),
+            rule(&[""], &["pods/binding"], &["create"]),
+        ]),
+        ..Default::default()
+    });
+    push(&cluster_binding(EXTENDER, EXTENDER, EXTENDER, ns));
+    push(&Role {
+        metadata: meta(&format!("{EXTENDER}-lease"), Some(ns)),
+        rules: Some(vec![rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["get", "create", "update"],
+        )]),
+    });
+    push(&role_binding(
+        &format!("{EXTENDER}-lease"),
+        ns,
+        "Role",
+        &format!("{EXTENDER}-lease"),
+        EXTENDER,
+        ns,
+    ));
+
+    // The second scheduler: kube-scheduler's own roles, plus its Lease here.
+    for role in ["system:kube-scheduler", "system:volume-scheduler"] {
+        let name = format!("{SCHEDULER}-{}", role.trim_start_matches("system:"));
+        push(&cluster_binding(&name, role, SCHEDULER, ns));
+    }
+    push(&role_binding(
+        &format!("{SCHEDULER}-auth-reader"),
+        "kube-system",
+        "Role",
+        "extension-apiserver-authentication-reader",
+        SCHEDULER,
+        ns,
+    ));
+    push(&Role {
+        metadata: meta(&format!("{SCHEDULER}-lease"), Some(ns)),
+        rules: Some(vec![rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["get", "create", "update"],
+        )]),
+    });
+    push(&role_binding(
+        &format!("{SCHEDULER}-lease"),
+        ns,
+        "Role",
+        &format!("{SCHEDULER}-lease"),
+        SCHEDULER,
+        ns,
+    ));
+
+    // Node agents: publish the inventory annotation on their own node.
+    push(&ClusterRole {
+        metadata: meta(NODE, None),
+        rules: Some(vec![rule(&[""], &["nodes"], &["get", "patch"])]),
+        ..Default::default()
+    });
+    push(&cluster_binding(NODE, NODE, NODE, ns));
+
+    // Extender Deployment, Service, PDB.
+    push(&Deployment {
+        metadata: meta(EXTENDER, Some(ns)),
+        spec: Some(DeploymentSpec {
+            replicas: Some(opts.replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector(EXTENDER)),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(meta(EXTENDER, None)),
+                spec: Some(PodSpec {
+                    service_account_name: Some(EXTENDER.into()),
+                    priority_class_name: Some("system-cluster-critical".into()),
+                    containers: vec![Container {
+                        name: "extender".into(),
+                        image: Some(opts.image.clone()),
+                        command: Some(vec!["tessera-extender".into()]),
+                        args: Some(vec![
+                            "serve".into(),
+                            format!("--listen=0.0.0.0:{EXTENDER_PORT}"),
+                            "--keys-dir=/etc/tessera/keys".into(),
+                        ]),
+                        env: Some(vec![
+                            env_field("POD_NAME", "metadata.name"),
+                            env_field("POD_NAMESPACE", "metadata.namespace"),
+                            EnvVar {
+                                name: "RUST_LOG".into(),
+                                value: Some("info".into()),
+                                ..Default::default()
+                            },
+                        ]),
+                        ports: Some(vec![ContainerPort {
+                            name: Some("http".into()),
+                            container_port: EXTENDER_PORT,
+                            ..Default::default()
+                        }]),
+                        readiness_probe: Some(http_probe("/readyz", 2)),
+                        liveness_probe: Some(http_probe("/healthz", 10)),
+                        resources: Some(resources("200m", "256Mi", "2Gi")),
+                        security_context: Some(restricted()),
+                        volume_mounts: Some(vec![mount("handoff-keys", "/etc/tessera/keys", true)]),
+                        ..Default::default()
+                    }],
+                    volumes: Some(vec![keys_volume()]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    push(&Service {
+        metadata: meta(EXTENDER, Some(ns)),
+        spec: Some(ServiceSpec {
+            selector: Some(selector(EXTENDER)),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: EXTENDER_PORT,
+                target_port: Some(IntOrString::String("http".into())),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    push(&PodDisruptionBudget {
+        metadata: meta(EXTENDER, Some(ns)),
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector(EXTENDER)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+
+    // The second scheduler.
+    push(&ConfigMap {
+        metadata: meta(SCHEDULER, Some(ns)),
+        data: Some(BTreeMap::from([(
+            "scheduler-config.yaml".to_string(),
+            scheduler_config(opts),
+        )])),
+        ..Default::default()
+    });
+    push(&Deployment {
+        metadata: meta(SCHEDULER, Some(ns)),
+        spec: Some(DeploymentSpec {
+            replicas: Some(2),
+            selector: LabelSelector {
+                match_labels: Some(selector(SCHEDULER)),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(meta(SCHEDULER, None)),
+                spec: Some(PodSpec {
+                    service_account_name: Some(SCHEDULER.into()),
+                    priority_class_name: Some("system-cluster-critical".into()),
+                    containers: vec![Container {
+                        name: "kube-scheduler".into(),
+                        image: Some(opts.scheduler_image.clone()),
+                        command: Some(vec![
+                            "kube-scheduler".into(),
+                            "--config=/etc/tessera/scheduler-config.yaml".into(),
+                        ]),
+                        liveness_probe: Some(Probe {
+                            http_get: Some(HTTPGetAction {
+                                path: Some("/healthz".into()),
+                                port: IntOrString::Int(10259),
+                                scheme: Some("HTTPS".into()),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }),
+                        resources: Some(resources("100m", "128Mi", "512Mi")),
+                        security_context: Some(restricted()),
+                        volume_mounts: Some(vec![mount("config", "/etc/tessera", true)]),
+                        ..Default::default()
+                    }],
+                    volumes: Some(vec![Volume {
+                        name: "config".into(),
+                        config_map: Some(ConfigMapVolumeSource {
+                            name: SCHEDULER.into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+
+    // Node DaemonSet: CDI generator, device plugin, NRI plugin.
+    let node_env = vec![env_field("NODE_NAME", "spec.nodeName")];
+    let privileged = SecurityContext {
+        privileged: Some(true),
+        ..Default::default()
+    };
+    let container = |name: &str, cmd: &str, args: Vec<String>, mounts: Vec<VolumeMount>| Container {
+        name: name.into(),
+        image: Some(opts.image.clone()),
+        command: Some(vec![cmd.into()]),
+        args: Some(args),
+        env: Some(node_env.clone()),
+        resources: Some(resources("20m", "32Mi", "256Mi")),
+        security_context: Some(privileged.clone()),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    };
+    push(&DaemonSet {
+        metadata: meta(NODE, Some(ns)),
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(selector(NODE)),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(meta(NODE, None)),
+                spec: Some(PodSpec {
+                    service_account_name: Some(NODE.into()),
+                    priority_class_name: Some("system-node-critical".into()),
+                    node_selector: Some(BTreeMap::from([opts.node_selector.clone()])),
+                    tolerations: Some(vec![Toleration {
+                        key: Some("nvidia.com/gpu".into()),
+                        operator: Some("Exists".into()),
+                        effect: Some("NoSchedule".into()),
+                        ..Default::default()
+                    }]),
+                    containers: vec![
+                        container(
+                            "cdi-generator",
+                            "tessera-cdi-generator",
+                            vec![
+                                "run".into(),
+                                "--cdi-dir=/var/run/cdi".into(),
+                                "--driver-root=/host/driver".into(),
+                            ],
+                            vec![
+                                mount("cdi", "/var/run/cdi", false),
+                                mount("dev", "/dev", false),
+                                mount("driver", "/host/driver", true),
+                            ],
+                        ),
+                        container(
+                            "device-plugin",
+                            "tessera-device-plugin",
+                            vec![],
+                            vec![
+                                mount("device-plugins", "/var/lib/kubelet/device-plugins", false),
+                                mount("dev", "/dev", false),
+                                mount("driver", "/host/driver", true),
+                            ],
+                        ),
+                        container(
+                            "nri-plugin",
+                            "tessera-nri-plugin",
+                            vec![
+                                "run".into(),
+                                "--socket=/var/run/nri/nri.sock".into(),
+                                "--keys-dir=/etc/tessera/keys".into(),
+                                "--cdi-dir=/var/run/cdi".into(),
+                            ],
+                            vec![
+                                // The directory, not the socket: a runtime restart recreates it.
+                                mount("nri", "/var/run/nri", false),
+                                mount("cdi", "/var/run/cdi", true),
+                                mount("handoff-keys", "/etc/tessera/keys", true),
+                            ],
+                        ),
+                    ],
+                    volumes: Some(vec![
+                        host_path("cdi", "/var/run/cdi", "DirectoryOrCreate"),
+                        host_path("device-plugins", "/var/lib/kubelet/device-plugins", "Directory"),
+                        host_path("nri", "/var/run/nri", "DirectoryOrCreate"),
+                        host_path("dev", "/dev", "Directory"),
+                        host_path("driver", &opts.driver_root, "Directory"),
+                        keys_volume(),
+                    ]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    out
+}
+
+mod erased {
+    //! Lets differently typed objects go through one closure.
+    pub trait Ser {
+        fn value(&self) -> serde_json::Value;
+    }
+    impl<T: serde::Serialize> Ser for T {
+        fn value(&self) -> serde_json::Value {
+            serde_json::to_value(self).expect("manifests serialize")
+        }
+    }
+}
+
+/// Every object as one multi-document YAML stream.
+pub fn render(opts: &ManifestOptions) -> String {
+    let mut s = String::from(
+        "# Tessera install manifests, rendered by `tessera-extender manifests`. Do not edit: change\n\
+         # the renderer (extender/src/manifests.rs) and re-render.\n\
+         # Before applying, create the hand-off key Secret (docs/operations.md).\n",
+    );
+    for o in objects(opts) {
+        s.push_str("---\n");
+        s.push_str(&to_yaml(&o));
+    }
+    s
+}
+
+fn to_yaml<T: Serialize>(v: &T) -> String {
+    serde_yaml::to_string(v).expect("manifests serialize")
+}
+
+#[cfg(test)]
+mod tests;

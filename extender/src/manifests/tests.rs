@@ -1,0 +1,121 @@
+use super::*;
+
+fn deploy_file(name: &str) -> String {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy")
+        .join(name);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn the_checked_in_manifests_are_the_default_rendering() {
+    let rendered = render(&ManifestOptions::default());
+    assert!(
+        deploy_file("tessera.yaml") == rendered,
+        "deploy/tessera.yaml drifted from the renderer; run\n  \
+         cargo run -p tessera-extender -- manifests --out deploy/tessera.yaml"
+    );
+    assert!(
+        deploy_file("scheduler-config.yaml") == scheduler_config(&ManifestOptions::default()),
+        "deploy/scheduler-config.yaml drifted; run\n  \
+         cargo run -p tessera-extender -- manifests --scheduler-config --out deploy/scheduler-config.yaml"
+    );
+}
+
+#[test]
+fn objects_are_complete_and_namespaced() {
+    let opts = ManifestOptions {
+        namespace: "gpu".into(),
+        ..Default::default()
+    };
+    let objs = objects(&opts);
+    let cluster_scoped = ["Namespace", "ClusterRole", "ClusterRoleBinding"];
+    for o in &objs {
+        let kind = o["kind"].as_str().expect("kind");
+        assert!(o["apiVersion"].is_string(), "{o}");
+        let ns = o["metadata"]["namespace"].as_str();
+        if cluster_scoped.contains(&kind) {
+            assert_eq!(ns, None, "{kind} is cluster-scoped");
+        } else if o["metadata"]["name"] != "tessera-scheduler-auth-reader" {
+            assert_eq!(ns, Some("gpu"), "{kind} {}", o["metadata"]["name"]);
+        }
+    }
+    // Round trip through YAML, as kubectl reads it.
+    let docs: Vec<serde_json::Value> = render(&opts)
+        .split("\n---\n")
+        .skip(1)
+        .map(|d| serde_yaml::from_str(d).unwrap())
+        .collect();
+    assert_eq!(docs, objs);
+}
+
+#[test]
+fn rbac_is_least_privilege() {
+    for o in objects(&ManifestOptions::default()) {
+        if !matches!(o["kind"].as_str(), Some("ClusterRole" | "Role")) {
+            continue;
+        }
+        for r in o["rules"].as_array().unwrap() {
+            let verbs: Vec<&str> = r["verbs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap())
+                .collect();
+            let res: Vec<&str> = r["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap())
+                .collect();
+            assert!(!verbs.contains(&"*") && !res.contains(&"*"), "{o}");
+            assert!(
+                !res.contains(&"secrets"),
+                "no component reads Secrets through the API: {o}"
+            );
+            assert!(!verbs.contains(&"delete"), "{o}");
+        }
+    }
+}
+
+#[test]
+fn the_node_agents_mount_the_nri_directory_not_the_socket() {
+    let ds = objects(&ManifestOptions::default())
+        .into_iter()
+        .find(|o| o["kind"] == "DaemonSet")
+        .unwrap();
+    let vols = ds["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
+    let nri = vols.iter().find(|v| v["name"] == "nri").unwrap();
+    assert_eq!(nri["hostPath"]["path"], "/var/run/nri");
+    assert_eq!(nri["hostPath"]["type"], "DirectoryOrCreate");
+    let paths: Vec<&str> = vols.iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
+    for p in ["/var/run/cdi", "/var/lib/kubelet/device-plugins", "/dev"] {
+        assert!(paths.contains(&p), "{paths:?}");
+    }
+}
+
+#[test]
+fn the_scheduler_config_names_the_extender_and_every_resource() {
+    let cfg: serde_json::Value = serde_yaml::from_str(&scheduler_config(&ManifestOptions::default())).unwrap();
+    assert_eq!(cfg["apiVersion"], "kubescheduler.config.k8s.io/v1");
+    let ext = &cfg["extenders"][0];
+    assert_eq!(
+        ext["urlPrefix"],
+        "http://tessera-extender.tessera-system.svc:8888/tessera"
+    );
+    assert_eq!(ext["bindVerb"], "bind");
+    assert_eq!(ext["nodeCacheCapable"], true);
+    let names: Vec<&str> = ext["managedResources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"tessera.io/gpu-core") && names.contains(&"tessera.io/mig-1g.5gb"));
+    for n in names.iter().filter(|n| n.starts_with("tessera.io/mig-")) {
+        assert!(
+            matches!(tessera_core::mig::MigProfile::from_resource_name(n), Some(Ok(_))),
+            "{n} is not a MIG resource name the device plugin would advertise"
+        );
+    }
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Validates the install manifests offline against the Kubernetes OpenAPI schemas of 1.29..1.34
+# (strict: unknown fields are errors), with the PyPI package kubernetes-validate in a private
+# virtualenv under .cache/. Checks the checked-in rendering and a non-default one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+KV_VERSION=1.37.0
+VENV=.cache/kubernetes-validate-$KV_VERSION
+if [ ! -x "$VENV/bin/kubernetes-validate" ]; then
+    if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+        echo "installing python3-venv"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    fi
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q "kubernetes-validate==$KV_VERSION"
+fi
+
+out=target/manifests
+mkdir -p "$out"
+cargo run -q --locked -p tessera-extender -- manifests \
+    --namespace gpu-sharing --image registry.example.com/tessera:dev --replicas 3 \
+    --driver-root /run/nvidia/driver --out "$out/custom.yaml"
+for v in 1.29.0 1.30.0 1.31.0 1.32.0 1.33.0 1.34.0; do
+    "$VENV/bin/kubernetes-validate" --strict --quiet -k "$v" deploy/tessera.yaml "$out/custom.yaml"
+    echo "manifests valid for Kubernetes $v"
+done
