@@ -98,9 +98,25 @@ fn fragmentation_matches_the_papers_definition() {
     let mut f = Fragmentation::new(&w, &cluster);
     let expected = 0.5 * 300.0 + 0.25 * 1300.0 + 0.25 * 1300.0;
     assert!((f.of_node(&node) - expected).abs() < 1e-9);
-    // Memoised: same answer again, one memo entry.
+    // Few classes: computed directly (cheaper than a lookup in a large memo).
     assert!((f.of_node(&node) - expected).abs() < 1e-9);
-    assert_eq!(f.memo_len(), 1);
+    assert_eq!(f.memo_len(), 0);
+    // Many classes: memoised, the same answer again from one memo entry.
+    let many = TargetWorkload {
+        classes: (1..=40)
+            .map(|i| WorkloadClass {
+                cpu_milli: 0,
+                gpu_milli: 25 * i,
+                cards: 1,
+                models: None,
+                weight: 1.0 / 40.0,
+            })
+            .collect(),
+    };
+    let mut m = Fragmentation::new(&many, &cluster);
+    let first = m.of_node(&node);
+    assert_eq!(m.of_node(&node), first);
+    assert_eq!(m.memo_len(), 1);
     // A class restricted to another model cannot use the node at all.
     let w = TargetWorkload {
         classes: vec![WorkloadClass {
