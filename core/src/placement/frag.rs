@@ -166,6 +166,10 @@ pub struct Fragmentation {
     sorted: Vec<u32>,
 }
 
+/// Workloads with at most this many classes are computed directly: that is cheaper than a
+/// lookup in a large memo, which misses the CPU cache.
+const MEMO_MIN_CLASSES: usize = 32;
+
 /// Memo entries kept before the memo is cleared (bounds memory).
 const MEMO_LIMIT: usize = 1 << 21;
 
@@ -224,7 +228,7 @@ impl Fragmentation {
         // Only the number of class CPU thresholds met matters, not the CPU itself.
         let cpu_rank = self.cpu_thresholds.partition_point(|&t| t <= cpu_free) as u32;
         // A lookup in a large memo is a cache miss; computing a few classes is cheaper.
-        let key = if self.sorted.len() <= 12 && self.classes.len() * self.sorted.len() > 256 {
+        let key = if self.sorted.len() <= 12 && self.classes.len() > MEMO_MIN_CLASSES {
             let mut k: u128 = self.sorted.len() as u128;
             for &f in &self.sorted {
                 k = (k << 10) | u128::from(f.min(1023));
