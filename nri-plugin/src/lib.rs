@@ -4,6 +4,7 @@
 
 pub mod adjust;
 pub mod cdi;
+pub mod check;
 pub mod mux;
 pub mod plugin;
 pub mod session;

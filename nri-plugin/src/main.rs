@@ -40,10 +40,61 @@ struct RunArgs {
     mps: bool,
 }
 
-#[derive(Subcommand)]
+#[derive(Parser, Clone)]
+struct CheckArgs {
+    /// NRI socket of the runtime.
+    #[arg(long, default_value = "/var/run/nri/nri.sock")]
+    socket: PathBuf,
+    /// containerd's configuration (checked when present).
+    #[arg(long, default_value = "/etc/containerd/config.toml")]
+    containerd_config: PathBuf,
+    /// CRI-O's configuration; its `.conf.d` drop-ins are read too (checked when present).
+    #[arg(long, default_value = "/etc/crio/crio.conf")]
+    crio_config: PathBuf,
+    /// CDI spec directories.
+    #[arg(long = "cdi-dir", default_values = ["/etc/cdi", "/var/run/cdi"])]
+    cdi_dirs: Vec<PathBuf>,
+    /// Directory of the hand-off keys.
+    #[arg(long, default_value = "/etc/tessera/keys")]
+    keys_dir: PathBuf,
+    /// Host directory of the NVIDIA driver's files.
+    #[arg(long, default_value = "/")]
+    driver_root: PathBuf,
+    /// Host directory holding `dev/`.
+    #[arg(long, default_value = "/")]
+    dev_root: PathBuf,
+}
+
+#[derive(Subcommand, Clone)]
 enum Command {
     /// Connect to the runtime's NRI socket and serve (the default).
     Run(RunArgs),
+    /// Check this node: NRI socket, runtime NRI/CDI settings, Tessera's CDI spec, driver, keys.
+    /// Exits 1 when something must be fixed.
+    Check(CheckArgs),
+}
+
+fn check(args: CheckArgs) -> anyhow::Result<()> {
+    use tessera_nri_plugin::check::{CheckOptions, Level, run};
+    let findings = run(&CheckOptions {
+        socket: args.socket,
+        containerd_config: args.containerd_config,
+        crio_config: args.crio_config,
+        cdi_dirs: args.cdi_dirs,
+        keys_dir: args.keys_dir,
+        driver_root: args.driver_root,
+        dev_root: args.dev_root,
+    });
+    for f in &findings {
+        println!("{f}");
+    }
+    let failed = findings.iter().filter(|f| f.level == Level::Fail).count();
+    if failed > 0 {
+        println!("{failed} problem(s) to fix before Tessera can inject GPUs on this node");
+        std::process::exit(1);
+    }
+    println!("this node is ready for Tessera");
+    Ok(())
 }
 
 fn node_name(arg: Option<String>) -> anyhow::Result<String> {
@@ -73,6 +124,9 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let cli = Cli::parse();
+    if let Some(Command::Check(args)) = cli.command {
+        return check(args);
+    }
     // Launched by the runtime: the socket is an inherited fd, name and index come from the
     // environment (which has nothing else, not even PATH).
     if let Ok(fd) = std::env::var("NRI_PLUGIN_SOCKET") {
@@ -80,7 +134,7 @@ async fn main() -> anyhow::Result<()> {
             .parse()
             .with_context(|| format!("NRI_PLUGIN_SOCKET={fd:?} is not a file descriptor"))?;
         let mut args = RunArgs::parse_from(["tessera-nri-plugin"]);
-        if let Some(Command::Run(a)) = cli.command {
+        if let Some(Command::Run(a)) = cli.command.clone() {
             args = a;
         }
         let id = Identity {
@@ -91,7 +145,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let args = match cli.command {
         Some(Command::Run(a)) => a,
-        None => RunArgs::parse_from(["tessera-nri-plugin"]),
+        _ => RunArgs::parse_from(["tessera-nri-plugin"]),
     };
     let id = Identity {
         name: args.name.clone(),

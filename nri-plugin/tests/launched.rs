@@ -154,3 +154,64 @@ async fn launched_by_containerd_1_7() -> anyhow::Result<()> {
 async fn launched_by_containerd_2() -> anyhow::Result<()> {
     launched(Version::V2).await
 }
+
+/// `tessera-nri-plugin check` against a real containerd: ready while it runs, a named failure
+/// once it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_a_ready_node_and_a_stopped_runtime() -> anyhow::Result<()> {
+    let mut c = Containerd::start(Version::V1_7).await?;
+    let work = tempfile::tempdir()?;
+    let (driver, dev) = (work.path().join("driver"), work.path().join("host"));
+    let inv = FixtureSource {
+        fixture: "h100x8".into(),
+        driver_root: Some(driver.clone()),
+    }
+    .discover()?;
+    for f in &inv.driver_files {
+        let p = inv.host_path(f);
+        std::fs::create_dir_all(p.parent().unwrap())?;
+        std::fs::write(&p, b"fake")?;
+    }
+    create_device_nodes(&inv, &dev)?;
+    let (_, text) = spec::render(&inv, &SpecOptions { dev_root: dev.clone() })?;
+    write_spec(&c.cdi_dir(), SPEC_FILE, &text)?;
+    install(&c, work.path())?;
+    let check = |c: &Containerd| {
+        std::process::Command::new(BIN)
+            .arg("check")
+            .arg("--socket")
+            .arg(c.nri_socket())
+            .arg("--containerd-config")
+            .arg(c.dir().join("config.toml"))
+            .arg("--crio-config")
+            .arg(work.path().join("no-crio.conf"))
+            .arg("--cdi-dir")
+            .arg(c.cdi_dir())
+            .arg("--keys-dir")
+            .arg(work.path().join("keys"))
+            .arg("--driver-root")
+            .arg(&driver)
+            .arg("--dev-root")
+            .arg(&dev)
+            .output()
+    };
+    let out = check(&c)?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    for line in [
+        "[ok  ] NRI socket",
+        "[ok  ] containerd NRI",
+        "[ok  ] containerd CDI",
+        "[ok  ] CDI spec",
+        "[ok  ] NVIDIA driver",
+        "[ok  ] hand-off keys",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+    c.stop_daemon();
+    let out = check(&c)?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("[FAIL] NRI socket"), "{text}");
+    Ok(())
+}

@@ -1,0 +1,332 @@
+//! `tessera-nri-plugin check`: tells a user on a node what is missing for Tessera to work —
+//! the runtime's NRI socket, NRI and CDI in the runtime's configuration, Tessera's CDI spec, the
+//! NVIDIA driver, the hand-off keys.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use tessera_core::handoff::SigningKeys;
+use tessera_core::names::CDI_KIND;
+
+use crate::cdi::CdiResolver;
+
+/// How bad a finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// Fine.
+    Ok,
+    /// Works, but worth a look.
+    Warn,
+    /// Tessera cannot work until this is fixed.
+    Fail,
+}
+
+/// One thing checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// Verdict.
+    pub level: Level,
+    /// What was checked.
+    pub what: &'static str,
+    /// What was found and, when not OK, what to do.
+    pub detail: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tag = match self.level {
+            Level::Ok => "ok  ",
+            Level::Warn => "WARN",
+            Level::Fail => "FAIL",
+        };
+        write!(f, "[{tag}] {:<16} {}", self.what, self.detail)
+    }
+}
+
+/// What to check.
+#[derive(Debug, Clone)]
+pub struct CheckOptions {
+    /// The runtime's NRI socket.
+    pub socket: PathBuf,
+    /// containerd's config file (checked when it exists).
+    pub containerd_config: PathBuf,
+    /// CRI-O's config file and drop-in directory (checked when they exist).
+    pub crio_config: PathBuf,
+    /// CDI spec directories.
+    pub cdi_dirs: Vec<PathBuf>,
+    /// Hand-off keys.
+    pub keys_dir: PathBuf,
+    /// Host directory of the driver files.
+    pub driver_root: PathBuf,
+    /// Host directory holding `/dev`.
+    pub dev_root: PathBuf,
+}
+
+fn finding(level: Level, what: &'static str, detail: impl Into<String>) -> Finding {
+    Finding {
+        level,
+        what,
+        detail: detail.into(),
+    }
+}
+
+/// Runs every check.
+pub fn run(opts: &CheckOptions) -> Vec<Finding> {
+    let mut out = vec![check_socket(&opts.socket)];
+    out.extend(check_runtime_config(opts));
+    out.push(check_cdi(&opts.cdi_dirs));
+    out.push(check_driver(&opts.driver_root, &opts.dev_root));
+    out.push(check_keys(&opts.keys_dir));
+    out
+}
+
+fn check_socket(socket: &Path) -> Finding {
+    use std::os::unix::fs::FileTypeExt as _;
+    let what = "NRI socket";
+    match std::fs::metadata(socket) {
+        Err(_) => finding(
+            Level::Fail,
+            what,
+            format!(
+                "{} is absent: the runtime has NRI disabled or is not running (see deploy/runtime/)",
+                socket.display()
+            ),
+        ),
+        Ok(m) if !m.file_type().is_socket() => {
+            finding(Level::Fail, what, format!("{} is not a socket", socket.display()))
+        }
+        Ok(_) => match std::os::unix::net::UnixStream::connect(socket) {
+            Ok(_) => finding(Level::Ok, what, format!("{} accepts connections", socket.display())),
+            Err(e) => finding(
+                Level::Fail,
+                what,
+                format!(
+                    "{} exists but refuses connections ({e}): is the runtime running?",
+                    socket.display()
+                ),
+            ),
+        },
+    }
+}
+
+/// A TOML value at a dotted path of table keys.
+fn lookup<'a>(v: &'a toml::Value, path: &[&str]) -> Option<&'a toml::Value> {
+    path.iter().try_fold(v, |v, k| v.get(*k))
+}
+
+/// Checks a containerd config file's NRI and CDI settings.
+pub fn check_containerd_config(path: &Path) -> Vec<Finding> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            return vec![finding(
+                Level::Fail,
+                "containerd config",
+                format!("{}: {e}", path.display()),
+            )];
+        }
+    };
+    let cfg: toml::Value = match toml::from_str(&text) {
+        Ok(v) => v,
+        Err(e) => {
+            return vec![finding(
+                Level::Fail,
+                "containerd config",
+                format!("{} is not valid TOML: {e}", path.display()),
+            )];
+        }
+    };
+    let version = cfg.get("version").and_then(toml::Value::as_integer).unwrap_or(1);
+    let mut out = Vec::new();
+    let nri_disabled = lookup(&cfg, &["plugins", "io.containerd.nri.v1.nri", "disable"]).and_then(toml::Value::as_bool);
+    // containerd 1.7 (config version 2) ships NRI disabled; 2.x (version 3) enabled.
+    let nri_on = nri_disabled.map_or(version >= 3, |d| !d);
+    out.push(if nri_on {
+        finding(
+            Level::Ok,
+            "containerd NRI",
+            format!("enabled (config version {version})"),
+        )
+    } else {
+        finding(
+            Level::Fail,
+            "containerd NRI",
+            format!(
+                "disabled in {}: set `disable = false` under [plugins.\"io.containerd.nri.v1.nri\"] \
+                 (see deploy/runtime/containerd-1.7.toml) and restart containerd",
+                path.display()
+            ),
+        )
+    });
+    let cri = if version >= 3 {
+        ["plugins", "io.containerd.cri.v1.runtime"]
+    } else {
+        ["plugins", "io.containerd.grpc.v1.cri"]
+    };
+    let enable_cdi = lookup(&cfg, &[cri[0], cri[1], "enable_cdi"]).and_then(toml::Value::as_bool);
+    // CDI is on by default from containerd 2.0, off in 1.7.
+    let cdi_on = enable_cdi.unwrap_or(version >= 3);
+    out.push(if cdi_on {
+        finding(Level::Ok, "containerd CDI", "enabled")
+    } else {
+        finding(
+            Level::Warn,
+            "containerd CDI",
+            format!(
+                "disabled: Tessera injects devices itself, but set `enable_cdi = true` under [{}.\"{}\"] \
+                 so CDI annotations work too",
+                cri[0], cri[1]
+            ),
+        )
+    });
+    out
+}
+
+/// Checks CRI-O's `[crio.nri]` settings in its config and drop-ins (later files win).
+pub fn check_crio_config(main: &Path) -> Option<Finding> {
+    let mut files: Vec<PathBuf> = Vec::new();
+    if main.is_file() {
+        files.push(main.to_path_buf());
+    }
+    let dropins = main.with_extension("conf.d");
+    if let Ok(rd) = std::fs::read_dir(&dropins) {
+        let mut d: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect();
+        d.sort();
+        files.extend(d);
+    }
+    if files.is_empty() {
+        return None;
+    }
+    let mut enabled = None;
+    for f in &files {
+        let Ok(text) = std::fs::read_to_string(f) else { continue };
+        match toml::from_str::<toml::Value>(&text) {
+            Ok(v) => {
+                if let Some(b) = lookup(&v, &["crio", "nri", "enable_nri"]).and_then(toml::Value::as_bool) {
+                    enabled = Some(b);
+                }
+            }
+            Err(e) => {
+                return Some(finding(
+                    Level::Fail,
+                    "CRI-O config",
+                    format!("{} is not valid TOML: {e}", f.display()),
+                ));
+            }
+        }
+    }
+    Some(match enabled {
+        Some(true) => finding(Level::Ok, "CRI-O NRI", "enable_nri = true"),
+        Some(false) => finding(
+            Level::Fail,
+            "CRI-O NRI",
+            "enable_nri = false: set it to true under [crio.nri] (deploy/runtime/crio-nri.conf)",
+        ),
+        None => finding(
+            Level::Warn,
+            "CRI-O NRI",
+            "enable_nri not set: the default depends on the CRI-O version; set it (deploy/runtime/crio-nri.conf)",
+        ),
+    })
+}
+
+fn check_runtime_config(opts: &CheckOptions) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if opts.containerd_config.exists() {
+        out.extend(check_containerd_config(&opts.containerd_config));
+    }
+    out.extend(check_crio_config(&opts.crio_config));
+    if out.is_empty() {
+        out.push(finding(
+            Level::Warn,
+            "runtime config",
+            format!(
+                "neither {} nor {} found: cannot tell whether NRI is enabled",
+                opts.containerd_config.display(),
+                opts.crio_config.display()
+            ),
+        ));
+    }
+    out
+}
+
+fn check_cdi(dirs: &[PathBuf]) -> Finding {
+    let what = "CDI spec";
+    let all = format!("{CDI_KIND}=all");
+    match CdiResolver::new(dirs.to_vec()).resolve(std::slice::from_ref(&all)) {
+        Ok(e) => finding(
+            Level::Ok,
+            what,
+            format!(
+                "{all} resolves to {} device node(s), {} mount(s)",
+                e.devices.len(),
+                e.mounts.len()
+            ),
+        ),
+        Err(e) => finding(
+            Level::Fail,
+            what,
+            format!(
+                "no usable {CDI_KIND} spec in {}: {e} (is tessera-cdi-generator running?)",
+                dirs.iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+    }
+}
+
+fn check_driver(driver_root: &Path, dev_root: &Path) -> Finding {
+    let what = "NVIDIA driver";
+    let ctl = dev_root.join("dev/nvidiactl");
+    // libnvidia-ml.so.1 or the versioned file it points to.
+    let lib = [
+        "usr/lib/x86_64-linux-gnu",
+        "usr/lib/aarch64-linux-gnu",
+        "usr/lib64",
+        "usr/lib",
+    ]
+    .iter()
+    .filter_map(|d| std::fs::read_dir(driver_root.join(d)).ok())
+    .flat_map(|rd| rd.flatten().map(|e| e.path()))
+    .find(|p| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("libnvidia-ml.so."))
+    });
+    match (ctl.exists(), lib) {
+        (true, Some(lib)) => finding(Level::Ok, what, format!("{} and {}", ctl.display(), lib.display())),
+        (false, _) => finding(
+            Level::Fail,
+            what,
+            format!("{} is absent: the kernel driver is not loaded", ctl.display()),
+        ),
+        (true, None) => finding(
+            Level::Fail,
+            what,
+            format!(
+                "libnvidia-ml.so.1 not found under {}: pass --driver-root where the driver's files are",
+                driver_root.display()
+            ),
+        ),
+    }
+}
+
+fn check_keys(dir: &Path) -> Finding {
+    match SigningKeys::from_dir(dir) {
+        Ok(k) => finding(
+            Level::Ok,
+            "hand-off keys",
+            format!("active key {:?}", k.active_key_id()),
+        ),
+        Err(e) => finding(
+            Level::Fail,
+            "hand-off keys",
+            format!("{e} (mount the tessera-handoff-keys Secret; docs/operations.md)"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;
