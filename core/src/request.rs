@@ -341,6 +341,11 @@ impl ContainerRequest {
             GpuDemand::Mig(mig.into_iter().map(|(d, _, _)| d).collect())
         } else {
             match core {
+                // 100 with no memory amount is what users write for "one GPU": a whole card.
+                Some((100, _)) if memory_mib.is_none() => GpuDemand::Whole {
+                    cards: 1,
+                    min_memory_mib: None,
+                },
                 Some((value, _)) if value <= 100 => GpuDemand::Share(GpuShare {
                     core_percent: value as u32,
                     memory_mib,

@@ -461,8 +461,10 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
 
     // Node DaemonSet: CDI generator, device plugin, NRI plugin.
     let node_env = vec![env_field("NODE_NAME", "spec.nodeName")];
+    // NVML, /dev and the kubelet's device-plugin directory need root on the host.
     let privileged = SecurityContext {
         privileged: Some(true),
+        run_as_user: Some(0),
         ..Default::default()
     };
     let container = |name: &str, cmd: &str, args: Vec<String>, mounts: Vec<VolumeMount>| Container {

@@ -610,3 +610,77 @@ async fn serves_https_with_the_given_certificate() -> anyhow::Result<()> {
     assert!(JsonClient::new(running.addr).get_status("/healthz").await.is_err());
     Ok(())
 }
+
+/// Every example in `deploy/examples/` (the user guide's) is accepted and placed as described.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_user_guide_examples_are_placed_as_documented() -> anyhow::Result<()> {
+    let (api, mut r) = cluster(&[("h100", "h100x8"), ("a100", "a100-mig")]).await?;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        let doc: Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+        // A Deployment's pod template stands for its pods.
+        let mut pod_json = if doc["kind"] == "Deployment" {
+            let mut t = doc["spec"]["template"].clone();
+            t["metadata"]["name"] = doc["metadata"]["name"].clone();
+            t
+        } else {
+            doc.clone()
+        };
+        pod_json["metadata"]["namespace"] = json!("default");
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let p = api.create_pod(&serde_json::from_value(pod_json)?)?;
+        let (_, reply) = r
+            .http
+            .post_json(&path_of("filter"), &args(&p, &["h100", "a100"]))
+            .await?;
+        let fit: Vec<String> = serde_json::from_value(reply["NodeNames"].clone())?;
+        anyhow::ensure!(!fit.is_empty(), "{file}: no node fits: {reply}");
+        let err = bind(&mut r.http, &p, &fit[0]).await?;
+        anyhow::ensure!(err.is_empty(), "{file}: {err}");
+        let a = allocation_of(&api, p.metadata.name.as_deref().unwrap()).expect("allocation");
+        let devices = |c: usize| &a.containers[c].devices;
+        let gpu = |c: usize| match &devices(c)[0] {
+            AllocatedDevice::Gpu {
+                core_percent,
+                memory_mib,
+                exclusive,
+                ..
+            } => (*core_percent, *memory_mib, *exclusive),
+            AllocatedDevice::Mig { .. } => panic!("{file}: a GPU, not MIG"),
+        };
+        match file.as_str() {
+            "whole-gpu.yaml" => assert_eq!(gpu(0).2, true, "{file}"),
+            "share-30-8gib.yaml" => assert_eq!(gpu(0), (30, 8192, false), "{file}"),
+            "mig-slice.yaml" => {
+                assert_eq!(a.node, "a100");
+                assert!(
+                    matches!(&devices(0)[0], AllocatedDevice::Mig { profile, .. } if profile.to_string() == "1g.5gb")
+                );
+            }
+            "two-containers.yaml" => {
+                assert_eq!(a.containers.len(), 2);
+                assert_eq!((gpu(0).0, gpu(1).0), (50, 50));
+            }
+            "model-constraint.yaml" => {
+                assert_eq!(a.node, "h100", "{file}");
+                assert_eq!(devices(0).len(), 2);
+            }
+            "nano-gpu-deployment.yaml" => assert_eq!(gpu(0), (20, 1024, false), "{file}"),
+            "gpushare-memory-only.yaml" => assert_eq!(gpu(0), (0, 3072, false), "{file}"),
+            "gpu-manager-core-limit.yaml" => {
+                assert_eq!(gpu(0), (50, 4096, false), "{file}");
+                assert_eq!(a.core_limit, Some(50));
+            }
+            other => panic!("{other}: add it to this test"),
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 8);
+    Ok(())
+}
+
+fn path_of(verb: &str) -> String {
+    path(verb)
+}

@@ -313,3 +313,27 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_hundred_percent_without_memory_is_one_whole_gpu() {
+    let r = parse(vec![container("a", &[("tessera.io/gpu-core", "100")])]).unwrap();
+    assert_eq!(
+        r.containers[0].gpu,
+        GpuDemand::Whole {
+            cards: 1,
+            min_memory_mib: None
+        }
+    );
+    let r = parse(vec![container(
+        "a",
+        &[("tessera.io/gpu-core", "100"), ("tessera.io/gpu-memory", "8")],
+    )])
+    .unwrap();
+    assert_eq!(
+        r.containers[0].gpu,
+        GpuDemand::Share(GpuShare {
+            core_percent: 100,
+            memory_mib: Some(8192)
+        })
+    );
+}

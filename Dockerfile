@@ -1,0 +1,18 @@
+# One image with every Tessera binary: tessera-extender, tessera-cdi-generator,
+# tessera-device-plugin, tessera-nri-plugin. Build: docker build -t tessera:dev .
+FROM rust:1.95-trixie AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked \
+        -p tessera-extender -p tessera-cdi-generator -p tessera-device-plugin -p tessera-nri-plugin \
+    && mkdir /out \
+    && cp target/release/tessera-extender target/release/tessera-cdi-generator \
+          target/release/tessera-device-plugin target/release/tessera-nri-plugin /out/
+
+FROM debian:trixie-slim
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/ /usr/local/bin/
+# The extender runs as this user; the node agents run as root (see deploy/tessera.yaml).
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/tessera-extender"]
