@@ -618,8 +618,8 @@ async fn the_user_guide_examples_are_placed_as_documented() -> anyhow::Result<()
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples");
     let mut seen = 0;
     for entry in std::fs::read_dir(&dir)? {
-        let path = entry?.path();
-        let doc: Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+        let file_path = entry?.path();
+        let doc: Value = serde_yaml::from_str(&std::fs::read_to_string(&file_path)?)?;
         // A Deployment's pod template stands for its pods.
         let mut pod_json = if doc["kind"] == "Deployment" {
             let mut t = doc["spec"]["template"].clone();
@@ -629,12 +629,9 @@ async fn the_user_guide_examples_are_placed_as_documented() -> anyhow::Result<()
             doc.clone()
         };
         pod_json["metadata"]["namespace"] = json!("default");
-        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let file = file_path.file_name().unwrap().to_string_lossy().into_owned();
         let p = api.create_pod(&serde_json::from_value(pod_json)?)?;
-        let (_, reply) = r
-            .http
-            .post_json(&path_of("filter"), &args(&p, &["h100", "a100"]))
-            .await?;
+        let (_, reply) = r.http.post_json(&path("filter"), &args(&p, &["h100", "a100"])).await?;
         let fit: Vec<String> = serde_json::from_value(reply["NodeNames"].clone())?;
         anyhow::ensure!(!fit.is_empty(), "{file}: no node fits: {reply}");
         let err = bind(&mut r.http, &p, &fit[0]).await?;
@@ -651,7 +648,7 @@ async fn the_user_guide_examples_are_placed_as_documented() -> anyhow::Result<()
             AllocatedDevice::Mig { .. } => panic!("{file}: a GPU, not MIG"),
         };
         match file.as_str() {
-            "whole-gpu.yaml" => assert_eq!(gpu(0).2, true, "{file}"),
+            "whole-gpu.yaml" => assert_eq!(gpu(0), (100, 81559, true), "{file}"),
             "share-30-8gib.yaml" => assert_eq!(gpu(0), (30, 8192, false), "{file}"),
             "mig-slice.yaml" => {
                 assert_eq!(a.node, "a100");
@@ -679,8 +676,4 @@ async fn the_user_guide_examples_are_placed_as_documented() -> anyhow::Result<()
     }
     assert_eq!(seen, 8);
     Ok(())
-}
-
-fn path_of(verb: &str) -> String {
-    path(verb)
 }
