@@ -536,6 +536,10 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                                 mount("nri", "/var/run/nri", false),
                                 mount("cdi", "/var/run/cdi", true),
                                 mount("handoff-keys", "/etc/tessera/keys", true),
+                                // For `tessera-nri-plugin check`: runtime configs, driver, /dev.
+                                mount("host-etc", "/host/etc", true),
+                                mount("driver", "/host/driver", true),
+                                mount("dev", "/dev", true),
                             ],
                         ),
                     ],
@@ -545,6 +549,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                         host_path("nri", "/var/run/nri", "DirectoryOrCreate"),
                         host_path("dev", "/dev", "Directory"),
                         host_path("driver", &opts.driver_root, "Directory"),
+                        host_path("host-etc", "/etc", "Directory"),
                         keys_volume(),
                     ]),
                     ..Default::default()
