@@ -677,3 +677,28 @@ async fn the_user_guide_examples_are_placed_as_documented() -> anyhow::Result<()
     assert_eq!(seen, 8);
     Ok(())
 }
+
+/// kube-scheduler gives up on a slow bind (its HTTP timeout) and closes the connection: the bind
+/// still runs to its end, so a failure still releases the reservation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bind_abandoned_by_the_scheduler_still_cleans_up() -> anyhow::Result<()> {
+    let (api, r) = cluster(&[("t", "t4x2")]).await?;
+    let p = api.create_pod(&pod("slow", &[("main", &[("tessera.io/gpu-core", "200")])]))?;
+    let uid = p.metadata.uid.clone().unwrap();
+    api.faults()
+        .binding_delay_ms
+        .store(400, std::sync::atomic::Ordering::SeqCst);
+    api.faults().fail_bindings.store(1, std::sync::atomic::Ordering::SeqCst);
+    let addr = r.running.addr;
+    let pc = p.clone();
+    let client = tokio::spawn(async move { bind(&mut JsonClient::new(addr), &pc, "t").await });
+    let cluster = r.running.service.cluster.clone();
+    eventually(5, "the reservation", || cluster.booking(&uid).is_some()).await?;
+    client.abort();
+    eventually(5, "the abandoned bind to release its reservation", || {
+        cluster.booking(&uid).is_none()
+    })
+    .await?;
+    assert!(api.pod("default", "slow").unwrap().spec.unwrap().node_name.is_none());
+    Ok(())
+}

@@ -51,6 +51,9 @@ pub enum BindError {
     /// No room (or no such node).
     #[error(transparent)]
     Ledger(#[from] tessera_core::ledger::LedgerError),
+    /// The bind task panicked (a bug); its reservation, if any, stays until the pod is seen.
+    #[error("internal error: {0}")]
+    Panicked(String),
     /// An API call failed.
     #[error("{step}: {source}")]
     Api {

@@ -164,7 +164,15 @@ async fn bind(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) ->
     let start = Instant::now();
     let r = match parse::<ExtenderBindingArgs>(body) {
         Err((status, msg)) => error(status, msg),
-        Ok(args) => match bind::bind(&svc, &args).await {
+        // Run to completion even if the scheduler gives up and closes the connection: a bind
+        // dropped between reserving and releasing would leak its reservation.
+        Ok(args) => match tokio::spawn({
+            let svc = svc.clone();
+            async move { bind::bind(&svc, &args).await }
+        })
+        .await
+        .unwrap_or_else(|e| Err(BindError::Panicked(e.to_string())))
+        {
             Ok(()) => json(StatusCode::OK, &ExtenderBindingResult::default()),
             // The scheduler reads `Error` from a 200; keep the status for metrics only.
             Err(e) => {
