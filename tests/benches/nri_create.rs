@@ -16,22 +16,36 @@ use tessera_nri_plugin::session::{self, Identity};
 use tessera_tests::containerd::{ContainerSpec, Containerd, Version};
 
 const N: usize = 60;
+const ROUNDS: usize = 6;
 
 fn quantile(v: &mut [Duration], q: f64) -> Duration {
     v.sort();
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
+/// How a measured container gets its GPU.
+#[derive(Clone, Copy, PartialEq)]
+enum Gpu {
+    /// None.
+    No,
+    /// A signed allocation for the plugin.
+    Handoff,
+    /// The same share device through the runtime's own CDI support (no plugin).
+    Cdi,
+}
+
 async fn measure(
     c: &mut Containerd,
     tag: &str,
-    gpu: bool,
+    mode: Gpu,
     keys: &SigningKeys,
     uuid: &str,
+    n: usize,
 ) -> anyhow::Result<Vec<Duration>> {
+    let gpu = mode == Gpu::Handoff;
     let uid = format!("uid-bench-{tag}");
     let mut a = Allocation::new("node-a", &uid);
-    a.containers = (0..N)
+    a.containers = (0..n)
         .map(|i| ContainerAllocation {
             name: format!("c{i}"),
             role: ContainerRole::App,
@@ -55,11 +69,13 @@ async fn measure(
         Vec::new()
     };
     let pod = c.run_pod_with_uid(&format!("bench-{tag}"), &uid, &annotations).await?;
-    let mut times = Vec::with_capacity(N);
-    for i in 0..N {
+    let mut times = Vec::with_capacity(n);
+    for i in 0..n {
         let mut spec = ContainerSpec::new(&format!("c{i}"), &["true"]);
-        if gpu {
-            spec = spec.annotation("tessera.io/allocated.gpu-core", "1");
+        match mode {
+            Gpu::Handoff => spec = spec.annotation("tessera.io/allocated.gpu-core", "1"),
+            Gpu::Cdi => spec = spec.cdi("tessera.io/gpu=share-0"),
+            Gpu::No => {}
         }
         let t = Instant::now();
         c.create_container(&pod, spec).await?;
@@ -88,33 +104,41 @@ async fn bench(version: Version) -> anyhow::Result<()> {
     let uuid = inv.gpus[0].uuid.clone();
 
     // Warm up the image and runtime paths, then measure without the plugin.
-    measure(&mut c, "warm", false, &keys, &uuid).await?;
-    let mut without = measure(&mut c, "without", false, &keys, &uuid).await?;
-
-    let plugin = Arc::new(TesseraPlugin::new(PluginConfig {
-        node: "node-a".into(),
-        keys: keys.clone(),
-        cdi_dirs: vec![c.cdi_dir()],
-        mps: false,
-    }));
-    let mut synced = plugin.synchronized();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(session::run_external(
-        c.nri_socket(),
-        Identity {
-            name: "tessera".into(),
-            idx: "10".into(),
-        },
-        plugin,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    tokio::time::timeout(Duration::from_secs(15), synced.wait_for(|n| *n > 0)).await??;
-    let mut plain = measure(&mut c, "plugin-nogpu", false, &keys, &uuid).await?;
-    let mut gpu = measure(&mut c, "plugin-gpu", true, &keys, &uuid).await?;
-    let _ = stop.send(());
-    task.await?;
+    // Rounds alternate between the runtime alone and with the plugin connected, so slow drift
+    // of this machine falls on every case alike.
+    measure(&mut c, "warm", Gpu::No, &keys, &uuid, 10).await?;
+    let (mut without, mut cdi, mut plain, mut gpu) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let per = N / ROUNDS;
+    for round in 0..ROUNDS {
+        without.extend(measure(&mut c, &format!("without-{round}"), Gpu::No, &keys, &uuid, per).await?);
+        cdi.extend(measure(&mut c, &format!("cdi-{round}"), Gpu::Cdi, &keys, &uuid, per).await?);
+        let plugin = Arc::new(TesseraPlugin::new(PluginConfig {
+            node: "node-a".into(),
+            keys: keys.clone(),
+            cdi_dirs: vec![c.cdi_dir()],
+            mps: false,
+        }));
+        let mut synced = plugin.synchronized();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(session::run_external(
+            c.nri_socket(),
+            Identity {
+                name: "tessera".into(),
+                idx: "10".into(),
+            },
+            plugin,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        tokio::time::timeout(Duration::from_secs(15), synced.wait_for(|n| *n > 0)).await??;
+        plain.extend(measure(&mut c, &format!("plugin-nogpu-{round}"), Gpu::No, &keys, &uuid, per).await?);
+        gpu.extend(measure(&mut c, &format!("plugin-gpu-{round}"), Gpu::Handoff, &keys, &uuid, per).await?);
+        let _ = stop.send(());
+        task.await?;
+        // The runtime notices the plugin is gone before the next round.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let (m0, m1, m2) = (
         quantile(&mut without, 0.5),
@@ -123,13 +147,19 @@ async fn bench(version: Version) -> anyhow::Result<()> {
     );
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "containerd {} ({N} CreateContainer calls per case)",
+        "containerd {} ({N} CreateContainer calls per case, in {ROUNDS} alternating rounds)",
         c.package_version()
     );
     println!(
         "  without plugin            median {:7.3} ms  p90 {:7.3} ms",
         ms(m0),
         ms(quantile(&mut without, 0.9))
+    );
+    let mc = quantile(&mut cdi, 0.5);
+    println!(
+        "  no plugin, share via CDI  median {:7.3} ms  p90 {:7.3} ms",
+        ms(mc),
+        ms(quantile(&mut cdi, 0.9))
     );
     println!(
         "  plugin, container no GPU  median {:7.3} ms  p90 {:7.3} ms",
@@ -147,6 +177,11 @@ async fn bench(version: Version) -> anyhow::Result<()> {
         ms(m2) - ms(m0),
         ms(m1) / ms(m0),
         ms(m2) / ms(m0)
+    );
+    println!(
+        "  GPU share via the plugin vs the same devices via the runtime's CDI: {:+.3} ms; ratio {:.3}",
+        ms(m2) - ms(mc),
+        ms(m2) / ms(mc)
     );
     Ok(())
 }
