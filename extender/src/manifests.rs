@@ -358,7 +358,9 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                             container_port: EXTENDER_PORT,
                             ..Default::default()
                         }]),
-                        readiness_probe: Some(http_probe("/readyz", 2)),
+                        // Ready once synced, leader or not (so rollouts complete); the Service
+                        // selects the leader by its role label, and /readyz answers for it.
+                        readiness_probe: Some(http_probe("/syncedz", 2)),
                         liveness_probe: Some(http_probe("/healthz", 10)),
                         resources: Some(resources("200m", "256Mi", "2Gi")),
                         security_context: Some(restricted()),
@@ -373,10 +375,12 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
         }),
         ..Default::default()
     });
+    let mut leader = selector(EXTENDER);
+    leader.insert(crate::service::leader::ROLE_LABEL.to_string(), "leader".to_string());
     push(&Service {
         metadata: meta(EXTENDER, Some(ns)),
         spec: Some(ServiceSpec {
-            selector: Some(selector(EXTENDER)),
+            selector: Some(leader),
             ports: Some(vec![ServicePort {
                 name: Some("http".into()),
                 port: EXTENDER_PORT,

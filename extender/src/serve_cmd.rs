@@ -86,6 +86,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             format!("{}-{}", host.unwrap_or_else(|_| "tessera".into()), std::process::id())
         });
         let mut l = LeaseConfig::new(&args.lease_namespace, &args.lease_name, &identity);
+        // In a pod (POD_NAME given), label it with its role for the Service.
+        l.label_pod = args.identity.is_some();
         l.lease_duration = Duration::from_secs(args.lease_duration_s.max(3));
         l.renew_deadline = l.lease_duration * 2 / 3;
         l.retry_period = l.lease_duration / 7;

@@ -137,6 +137,8 @@ pub struct ReplicaOptions {
     pub identity: Option<String>,
     /// Engine policies.
     pub engine: EngineConfig,
+    /// Label the replica's pod (named as its identity, in `tessera-system`) with its role.
+    pub label_pod: bool,
 }
 
 /// Starts an extender against `api` and waits until it has read the cluster.
@@ -146,6 +148,7 @@ pub async fn start_replica(api: &FakeApiServer, opts: ReplicaOptions) -> anyhow:
         lease_duration: Duration::from_secs(2),
         renew_deadline: Duration::from_millis(1500),
         retry_period: Duration::from_millis(200),
+        label_pod: opts.label_pod,
         ..LeaseConfig::new("tessera-system", "tessera-extender", &id)
     });
     let running = service::start(

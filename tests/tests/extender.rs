@@ -403,8 +403,21 @@ async fn leader_failover_loses_and_duplicates_nothing() -> anyhow::Result<()> {
     let api = FakeApiServer::start().await?;
     api.create_node(&gpu_node("a", "t4x2"))?;
     api.create_node(&gpu_node("b", "t4x2"))?;
+    // The replicas' own pods, which they label with their role (the Service selects the leader).
+    for id in ["one", "two"] {
+        let mut p = pod(id, &[]);
+        p.metadata.namespace = Some("tessera-system".into());
+        api.create_pod(&p)?;
+    }
+    let role = |id: &str| {
+        api.pod("tessera-system", id)
+            .and_then(|p| p.metadata.labels)
+            .and_then(|l| l.get("tessera.io/extender-role").cloned())
+            .unwrap_or_default()
+    };
     let opts = |id: &str| ReplicaOptions {
         identity: Some(id.into()),
+        label_pod: true,
         ..Default::default()
     };
     let mut replicas = vec![
@@ -426,6 +439,13 @@ async fn leader_failover_loses_and_duplicates_nothing() -> anyhow::Result<()> {
         503,
         "followers are not ready"
     );
+    // ... as leaders; as pods they are (so Deployment rollouts complete).
+    assert_eq!(replicas[1 - leader].http.get_status("/syncedz").await?, 200);
+    let names = ["one", "two"];
+    eventually(5, "the role labels", || {
+        role(names[leader]) == "leader" && role(names[1 - leader]) == "follower"
+    })
+    .await?;
     // A follower refuses to bind.
     let stray = api.create_pod(&share_pod("stray", 10, 1))?;
     assert!(
@@ -466,6 +486,7 @@ async fn leader_failover_loses_and_duplicates_nothing() -> anyhow::Result<()> {
         }
     }
     assert!(replicas[0].running.service.is_leader(), "the follower took over");
+    eventually(5, "the new leader's label", || role(names[1 - leader]) == "leader").await?;
     assert_eq!(
         api.faults().bindings.load(std::sync::atomic::Ordering::Relaxed),
         30,

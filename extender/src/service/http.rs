@@ -50,6 +50,7 @@ pub fn router(svc: Shared, prefix: &str, body_limit: usize) -> Router {
         .route(&format!("{prefix}/preempt"), post(preempt))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        .route("/syncedz", get(syncedz))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(svc)
@@ -60,6 +61,16 @@ async fn readyz(State(svc): State<Shared>) -> Response {
         (true, true) => (StatusCode::OK, "ok").into_response(),
         (false, _) => (StatusCode::SERVICE_UNAVAILABLE, "reading the cluster").into_response(),
         (true, false) => (StatusCode::SERVICE_UNAVAILABLE, "not the leader").into_response(),
+    }
+}
+
+/// The pod's readiness: the cluster has been read. Leader or not, so that rollouts of the
+/// Deployment complete; the Service sends traffic to the leader by its role label.
+async fn syncedz(State(svc): State<Shared>) -> Response {
+    if svc.cluster.synced() {
+        (StatusCode::OK, "ok").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "reading the cluster").into_response()
     }
 }
 

@@ -27,7 +27,13 @@ pub struct LeaseConfig {
     pub renew_deadline: Duration,
     /// Time between attempts.
     pub retry_period: Duration,
+    /// Label this replica's own pod (named `identity`, in `namespace`) with its role, so the
+    /// Service can select the leader ([`ROLE_LABEL`]).
+    pub label_pod: bool,
 }
+
+/// The pod label carrying a replica's role: `leader` or `follower`.
+pub const ROLE_LABEL: &str = "tessera.io/extender-role";
 
 impl LeaseConfig {
     /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry.
@@ -39,6 +45,7 @@ impl LeaseConfig {
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            label_pod: false,
         }
     }
 }
@@ -150,6 +157,7 @@ pub async fn run(
         observed: None,
     };
     let mut last_renew: Option<Instant> = None;
+    let mut labelled = label_role(&e.api, &cfg, false).await;
     loop {
         let held = match e.try_acquire_or_renew().await {
             Ok(true) => {
@@ -166,9 +174,12 @@ pub async fn run(
         if !held {
             last_renew = None;
         }
-        if *leading.borrow() != held {
-            info!(identity = cfg.identity, leading = held, "leadership changed");
-            leading.send_replace(held);
+        if *leading.borrow() != held || (held && !labelled) {
+            if *leading.borrow() != held {
+                info!(identity = cfg.identity, leading = held, "leadership changed");
+                leading.send_replace(held);
+            }
+            labelled = label_role(&e.api, &cfg, held).await;
         }
         tokio::select! {
             _ = tokio::time::sleep(cfg.retry_period) => {}
@@ -177,6 +188,31 @@ pub async fn run(
     }
     if *leading.borrow() {
         leading.send_replace(false);
+        label_role(&e.api, &cfg, false).await;
         e.release().await;
+    }
+}
+
+/// Sets the role label on our own pod; true when done (or not wanted).
+async fn label_role(leases: &Api<Lease>, cfg: &LeaseConfig, leader: bool) -> bool {
+    if !cfg.label_pod {
+        return true;
+    }
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(leases.clone().into_client(), &cfg.namespace);
+    let role = if leader { "leader" } else { "follower" };
+    let patch = serde_json::json!({"metadata": {"labels": {ROLE_LABEL: role}}});
+    match pods
+        .patch(
+            &cfg.identity,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => true,
+        Err(err) => {
+            warn!(pod = cfg.identity, role, error = %err, "cannot label our pod with its role");
+            false
+        }
     }
 }
