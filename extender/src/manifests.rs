@@ -443,7 +443,11 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                             ..Default::default()
                         }),
                         resources: Some(resources("100m", "128Mi", "512Mi")),
-                        security_context: Some(restricted()),
+                        // kube-scheduler may write its self-signed serving certificate.
+                        security_context: Some(SecurityContext {
+                            read_only_root_filesystem: Some(false),
+                            ..restricted()
+                        }),
                         volume_mounts: Some(vec![mount("config", "/etc/tessera", true)]),
                         ..Default::default()
                     }],
