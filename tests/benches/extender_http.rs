@@ -28,6 +28,20 @@ fn quantile(v: &mut [Duration], q: f64) -> Duration {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
+/// Seconds the extender itself spent in filter + prioritize so far (from its own metrics).
+async fn server_seconds(http: &mut JsonClient) -> anyhow::Result<f64> {
+    let (_, body) = http.request("/metrics", None).await?;
+    let text = String::from_utf8(body)?;
+    let mut total = 0.0;
+    for verb in ["filter", "prioritize"] {
+        let key = format!("tessera_extender_request_duration_seconds_sum{{verb=\"{verb}\"}} ");
+        if let Some(line) = text.lines().find(|l| l.starts_with(&key)) {
+            total += line[key.len()..].trim().parse::<f64>()?;
+        }
+    }
+    Ok(total)
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -150,8 +164,13 @@ async fn main() -> anyhow::Result<()> {
 
     let gpu = api.create_pod(&share_pod("bench", 30, 8))?;
     let cpu = api.create_pod(&pod("web", &[("main", &[("cpu", "1")])]))?;
+    let s0 = server_seconds(&mut r.http).await?;
     let mut base = round_trips(&mut r.http, &[scheduler_json(&cpu)], &names).await?;
+    let s1 = server_seconds(&mut r.http).await?;
     let mut gpu_rt = round_trips(&mut r.http, &[scheduler_json(&gpu)], &names).await?;
+    let s2 = server_seconds(&mut r.http).await?;
+    let runs = (ROUND_TRIPS + 10) as f64;
+    let (server_base, server_gpu) = ((s1 - s0) / runs * 1e3, (s2 - s1) / runs * 1e3);
     // Every request a pod shape not seen before (memoised node verdicts do not apply).
     let shapes: Vec<serde_json::Value> = (0..ROUND_TRIPS + 10)
         .map(|i| {
@@ -166,6 +185,9 @@ async fn main() -> anyhow::Result<()> {
     let (b50, b99) = (quantile(&mut base, 0.5), quantile(&mut base, 0.99));
     let (g50, g99) = (quantile(&mut gpu_rt, 0.5), quantile(&mut gpu_rt, 0.99));
     println!("filter+prioritize round trip, NodeNames={NODES}, {ROUND_TRIPS} runs:");
+    println!(
+        "  inside the extender (its metrics, mean): {server_base:.2} ms without GPUs, {server_gpu:.2} ms GPU share"
+    );
     println!(
         "  pod without GPUs (HTTP+JSON baseline): median {:.2} ms, p99 {:.2} ms",
         ms(b50),
