@@ -109,12 +109,15 @@ fn node_name(arg: Option<String>) -> anyhow::Result<String> {
 fn plugin(args: &RunArgs) -> anyhow::Result<Arc<TesseraPlugin>> {
     let keys = SigningKeys::from_dir(&args.keys_dir)
         .with_context(|| format!("loading hand-off keys from {}", args.keys_dir.display()))?;
-    Ok(Arc::new(TesseraPlugin::new(PluginConfig {
-        node: node_name(args.node_name.clone())?,
-        keys,
-        cdi_dirs: args.cdi_dirs.clone(),
-        mps: args.mps,
-    })))
+    Ok(Arc::new(
+        TesseraPlugin::new(PluginConfig {
+            node: node_name(args.node_name.clone())?,
+            keys,
+            cdi_dirs: args.cdi_dirs.clone(),
+            mps: args.mps,
+        })
+        .reloading_keys_from(args.keys_dir.clone()),
+    ))
 }
 
 #[tokio::main]

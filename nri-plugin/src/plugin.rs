@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use tessera_core::handoff::SigningKeys;
+use tessera_core::handoff::{HandoffError, SigningKeys};
 use tessera_core::injection::{self, ANNOTATION_INJECTED, Injection, NodeContext};
 use tessera_proto::nri::api;
 use tessera_proto::nri::api_ttrpc::Plugin;
@@ -50,6 +50,10 @@ pub struct PluginConfig {
 /// The plugin's state, shared by all sessions (it survives reconnects).
 pub struct TesseraPlugin {
     config: PluginConfig,
+    /// The verification keys in use (starts as `config.keys`).
+    keys: std::sync::RwLock<SigningKeys>,
+    /// Where the keys come from, re-read when an allocation names a key we lack (rotation).
+    keys_dir: Option<PathBuf>,
     cdi: Mutex<CdiResolver>,
     /// Container id -> injected UUIDs.
     injected: Mutex<HashMap<String, String>>,
@@ -74,11 +78,55 @@ impl TesseraPlugin {
         let cdi = Mutex::new(CdiResolver::new(config.cdi_dirs.clone()));
         let (syncs, _) = tokio::sync::watch::channel(0);
         Self {
+            keys: std::sync::RwLock::new(config.keys.clone()),
+            keys_dir: None,
             config,
             cdi,
             injected: Mutex::new(HashMap::new()),
             sync: Mutex::new(Vec::new()),
             syncs,
+        }
+    }
+
+    /// Re-reads the keys from `dir` when an allocation is signed with a key not loaded yet, so
+    /// that a key added to the mounted Secret (rotation) is picked up without a restart.
+    pub fn reloading_keys_from(mut self, dir: PathBuf) -> Self {
+        self.keys_dir = Some(dir);
+        self
+    }
+
+    fn decide(
+        &self,
+        pod: &api::PodSandbox,
+        pod_annotations: &BTreeMap<String, String>,
+        container: &str,
+        ctr_annotations: &BTreeMap<String, String>,
+    ) -> Result<Injection, injection::InjectionError> {
+        let attempt = || {
+            let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
+            let ctx = NodeContext {
+                node: &self.config.node,
+                keys: &keys,
+                mps: self.config.mps,
+            };
+            injection::decide(&ctx, &pod.uid, pod_annotations, container, ctr_annotations)
+        };
+        match attempt() {
+            Err(injection::InjectionError::Handoff {
+                source: HandoffError::UnknownKey { key_id },
+                ..
+            }) if self.keys_dir.is_some() => {
+                let dir = self.keys_dir.as_ref().expect("checked");
+                match SigningKeys::from_dir(dir) {
+                    Ok(fresh) => {
+                        info!(key_id, dir = %dir.display(), "reloaded the hand-off keys");
+                        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+                    }
+                    Err(e) => warn!(dir = %dir.display(), error = %e, "cannot reload the hand-off keys"),
+                }
+                attempt()
+            }
+            r => r,
         }
     }
 
@@ -98,11 +146,6 @@ impl TesseraPlugin {
         pod: &api::PodSandbox,
         container: &api::Container,
     ) -> Result<api::ContainerAdjustment, String> {
-        let ctx = NodeContext {
-            node: &self.config.node,
-            keys: &self.config.keys,
-            mps: self.config.mps,
-        };
         let pod_annotations: BTreeMap<String, String> =
             pod.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let ctr_annotations: BTreeMap<String, String> = container
@@ -110,7 +153,8 @@ impl TesseraPlugin {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        match injection::decide(&ctx, &pod.uid, &pod_annotations, &container.name, &ctr_annotations)
+        match self
+            .decide(pod, &pod_annotations, &container.name, &ctr_annotations)
             .map_err(|e| e.to_string())?
         {
             Injection::Deny => Ok(adjust::deny(container)),
@@ -297,6 +341,76 @@ impl Plugin for TesseraPlugin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_added_to_the_secret_is_picked_up_without_a_restart() {
+        use tessera_cdi_generator::spec::{self, SpecOptions};
+        use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation};
+        use tessera_core::inventory::{FixtureSource, InventorySource};
+        use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
+
+        let dir = tempfile::tempdir().unwrap();
+        let (keys_dir, cdi_dir) = (dir.path().join("keys"), dir.path().join("cdi"));
+        std::fs::create_dir_all(&keys_dir).unwrap();
+        std::fs::create_dir_all(&cdi_dir).unwrap();
+        std::fs::write(keys_dir.join("active"), "k1").unwrap();
+        std::fs::write(keys_dir.join("k1"), [1u8; 32]).unwrap();
+        let inv = FixtureSource {
+            fixture: "h100x8".into(),
+            driver_root: None,
+        }
+        .discover()
+        .unwrap();
+        let (_, text) = spec::render(&inv, &SpecOptions { dev_root: "/".into() }).unwrap();
+        std::fs::write(cdi_dir.join("tessera.io-gpu.json"), text).unwrap();
+        let plugin = TesseraPlugin::new(PluginConfig {
+            node: "n".into(),
+            keys: SigningKeys::from_dir(&keys_dir).unwrap(),
+            cdi_dirs: vec![cdi_dir],
+            mps: false,
+        })
+        .reloading_keys_from(keys_dir.clone());
+
+        // The extender starts signing with k2 (rotation step 2).
+        let k2 = SigningKeys::new("k2", [("k1".into(), vec![1u8; 32]), ("k2".into(), vec![2u8; 32])]).unwrap();
+        let g = &inv.gpus[0];
+        let mut a = Allocation::new("n", "uid");
+        a.containers.push(ContainerAllocation {
+            name: "c".into(),
+            role: tessera_core::request::ContainerRole::App,
+            devices: vec![AllocatedDevice::Gpu {
+                uuid: g.uuid.clone(),
+                index: g.index,
+                minor: g.minor,
+                core_percent: 100,
+                memory_mib: g.memory_mib,
+                exclusive: true,
+            }],
+        });
+        let signed = k2.sign(&a);
+        let mut pod = api::PodSandbox::new();
+        pod.uid = "uid".into();
+        pod.annotations.insert(ANNOTATION_ALLOCATION.into(), signed.allocation);
+        pod.annotations
+            .insert(ANNOTATION_ALLOCATION_SIGNATURE.into(), signed.signature);
+        let mut ctr = api::Container::new();
+        ctr.name = "c".into();
+        ctr.annotations
+            .insert("tessera.io/allocated.gpu-core".into(), "100".into());
+
+        // The node has not seen k2 yet: refused, naming the key.
+        let err = plugin.adjust(&pod, &ctr).unwrap_err();
+        assert!(err.contains("unknown key \"k2\""), "{err}");
+        // The Secret gains k2 (step 1 reaches the node): the next container verifies.
+        std::fs::write(keys_dir.join("k2"), [2u8; 32]).unwrap();
+        let adj = plugin.adjust(&pod, &ctr).unwrap();
+        assert!(
+            adj.linux
+                .devices
+                .iter()
+                .any(|d| d.path == format!("/dev/nvidia{}", g.minor))
+        );
+    }
 
     #[test]
     fn subscribes_only_to_old_events() {
