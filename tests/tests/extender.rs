@@ -723,3 +723,52 @@ async fn a_bind_abandoned_by_the_scheduler_still_cleans_up() -> anyhow::Result<(
     assert!(api.pod("default", "slow").unwrap().spec.unwrap().node_name.is_none());
     Ok(())
 }
+
+/// Request bodies recorded in kube-scheduler's exact shape (an informer's pod: no TypeMeta,
+/// managedFields, status), sent byte for byte; replies have exactly Go's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_kube_scheduler_requests() -> anyhow::Result<()> {
+    let (api, mut r) = cluster(&[("gpu-a", "h100x8"), ("gpu-b", "t4x2")]).await?;
+    api.create_node(&plain_node("cpu-1"))?;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/extender");
+    let filter = std::fs::read(dir.join("filter-request.json"))?;
+    let recorded: Value = serde_json::from_slice(&filter)?;
+    assert!(recorded["Pod"].get("apiVersion").is_none() && recorded["Pod"].get("kind").is_none());
+    api.create_pod(&serde_json::from_value(recorded["Pod"].clone())?)?;
+
+    let (status, body) = r.http.request(&path("filter"), Some(filter.clone())).await?;
+    assert_eq!(status, 200);
+    let reply: Value = serde_json::from_slice(&body)?;
+    let mut keys: Vec<&str> = reply.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "Error",
+            "FailedAndUnresolvableNodes",
+            "FailedNodes",
+            "NodeNames",
+            "Nodes"
+        ]
+    );
+    assert_eq!(reply["NodeNames"], json!(["gpu-a", "gpu-b"]), "{reply}");
+    assert!(reply["FailedAndUnresolvableNodes"]["cpu-1"].is_string());
+
+    let (status, body) = r.http.request(&path("prioritize"), Some(filter)).await?;
+    assert_eq!(status, 200);
+    let scores: Value = serde_json::from_slice(&body)?;
+    for s in scores.as_array().unwrap() {
+        let mut keys: Vec<&str> = s.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["Host", "Score"], "{s}");
+    }
+
+    let (status, body) = r
+        .http
+        .request(&path("bind"), Some(std::fs::read(dir.join("bind-request.json"))?))
+        .await?;
+    assert_eq!((status, String::from_utf8(body)?), (200, r#"{"Error":""}"#.to_string()));
+    let a = allocation_of(&api, "infer-7d9f8c6b5-x2x9q").expect("bound with an allocation");
+    assert_eq!(a.node, "gpu-b");
+    Ok(())
+}
