@@ -378,14 +378,7 @@ mod tests {
         a.containers.push(ContainerAllocation {
             name: "c".into(),
             role: tessera_core::request::ContainerRole::App,
-            devices: vec![AllocatedDevice::Gpu {
-                uuid: g.uuid.clone(),
-                index: g.index,
-                minor: g.minor,
-                core_percent: 100,
-                memory_mib: g.memory_mib,
-                exclusive: true,
-            }],
+            devices: vec![AllocatedDevice::whole(g)],
         });
         let signed = k2.sign(&a);
         let mut pod = api::PodSandbox::new();

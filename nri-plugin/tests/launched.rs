@@ -8,10 +8,11 @@ use std::path::Path;
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
 use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
-use tessera_core::inventory::{FixtureSource, InventorySource, create_device_nodes};
+use tessera_core::inventory::NodeInventory;
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
 use tessera_core::request::ContainerRole;
 use tessera_tests::containerd::{ContainerSpec, Containerd, Version};
+use tessera_tests::fake_node::{FakeNodePaths, fake_node};
 
 const NODE: &str = "node-l";
 const BIN: &str = env!("CARGO_BIN_EXE_tessera-nri-plugin");
@@ -37,28 +38,31 @@ fn install(c: &Containerd, work: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Creates a container whose pod holds a signed allocation of GPU 2 and returns its device
-/// GPU device nodes after running it to a clean exit.
-async fn injected_nodes(c: &mut Containerd, name: &str, keys: &SigningKeys) -> anyhow::Result<Vec<String>> {
+/// A fake H100 node under `work` with Tessera's CDI spec in the runtime's CDI directory and
+/// the launcher installed.
+fn prepare(c: &Containerd, work: &Path) -> anyhow::Result<NodeInventory> {
+    let inv = fake_node("h100x8", work)?;
+    let dev_root = FakeNodePaths::under(work).dev_root;
+    let (_, text) = spec::render(&inv, &SpecOptions { dev_root })?;
+    write_spec(&c.cdi_dir(), SPEC_FILE, &text)?;
+    install(c, work)?;
+    Ok(inv)
+}
+
+/// Creates a container whose pod holds a signed allocation of GPU 2 and returns its GPU device
+/// nodes after running it to a clean exit.
+async fn injected_nodes(
+    c: &mut Containerd,
+    inv: &NodeInventory,
+    name: &str,
+    keys: &SigningKeys,
+) -> anyhow::Result<Vec<String>> {
     let uid = format!("uid-{name}");
-    let inv = FixtureSource {
-        fixture: "h100x8".into(),
-        driver_root: None,
-    }
-    .discover()?;
-    let g = &inv.gpus[2];
     let mut a = Allocation::new(NODE, &uid);
     a.containers.push(ContainerAllocation {
         name: "main".into(),
         role: ContainerRole::App,
-        devices: vec![AllocatedDevice::Gpu {
-            uuid: g.uuid.clone(),
-            index: g.index,
-            minor: g.minor,
-            core_percent: 100,
-            memory_mib: g.memory_mib,
-            exclusive: true,
-        }],
+        devices: vec![AllocatedDevice::whole(&inv.gpus[2])],
     });
     let s = keys.sign(&a);
     let pod = c
@@ -107,28 +111,14 @@ async fn injected_nodes(c: &mut Containerd, name: &str, keys: &SigningKeys) -> a
 async fn launched(version: Version) -> anyhow::Result<()> {
     let mut c = Containerd::start(version).await?;
     let work = tempfile::tempdir()?;
-    let dev = work.path().join("host");
-    let inv = FixtureSource {
-        fixture: "h100x8".into(),
-        driver_root: Some(work.path().join("driver")),
-    }
-    .discover()?;
-    for f in &inv.driver_files {
-        let p = inv.host_path(f);
-        std::fs::create_dir_all(p.parent().unwrap())?;
-        std::fs::write(&p, b"fake")?;
-    }
-    create_device_nodes(&inv, &dev)?;
-    let (_, text) = spec::render(&inv, &SpecOptions { dev_root: dev })?;
-    write_spec(&c.cdi_dir(), SPEC_FILE, &text)?;
-    install(&c, work.path())?;
+    let inv = prepare(&c, work.path())?;
     // The runtime launches its plugins when NRI starts, so restart it with the launcher in place.
     c.stop_daemon();
     c.start_daemon().await?;
     let keys = SigningKeys::new("k1", [("k1".to_string(), vec![7u8; 32])])?;
     let log = || std::fs::read_to_string(work.path().join("plugin.log")).unwrap_or_default();
 
-    let nodes = injected_nodes(&mut c, "first", &keys)
+    let nodes = injected_nodes(&mut c, &inv, "first", &keys)
         .await
         .map_err(|e| anyhow::anyhow!("{e:#}\nplugin log:\n{}\nruntime log:\n{}", log(), c.log_tail(30)))?;
     assert_eq!(nodes, ["/dev/nvidia2"]);
@@ -137,7 +127,7 @@ async fn launched(version: Version) -> anyhow::Result<()> {
     // The runtime restarts: the old process sees EOF and exits, the runtime launches a new one.
     c.stop_daemon();
     c.start_daemon().await?;
-    let nodes = injected_nodes(&mut c, "second", &keys)
+    let nodes = injected_nodes(&mut c, &inv, "second", &keys)
         .await
         .map_err(|e| anyhow::anyhow!("{e:#}\nplugin log:\n{}\nruntime log:\n{}", log(), c.log_tail(30)))?;
     assert_eq!(nodes, ["/dev/nvidia2"]);
@@ -161,21 +151,11 @@ async fn launched_by_containerd_2() -> anyhow::Result<()> {
 async fn check_reports_a_ready_node_and_a_stopped_runtime() -> anyhow::Result<()> {
     let mut c = Containerd::start(Version::V1_7).await?;
     let work = tempfile::tempdir()?;
-    let (driver, dev) = (work.path().join("driver"), work.path().join("host"));
-    let inv = FixtureSource {
-        fixture: "h100x8".into(),
-        driver_root: Some(driver.clone()),
-    }
-    .discover()?;
-    for f in &inv.driver_files {
-        let p = inv.host_path(f);
-        std::fs::create_dir_all(p.parent().unwrap())?;
-        std::fs::write(&p, b"fake")?;
-    }
-    create_device_nodes(&inv, &dev)?;
-    let (_, text) = spec::render(&inv, &SpecOptions { dev_root: dev.clone() })?;
-    write_spec(&c.cdi_dir(), SPEC_FILE, &text)?;
-    install(&c, work.path())?;
+    prepare(&c, work.path())?;
+    let FakeNodePaths {
+        driver_root: driver,
+        dev_root: dev,
+    } = FakeNodePaths::under(work.path());
     let check = |c: &Containerd| {
         std::process::Command::new(BIN)
             .arg("check")

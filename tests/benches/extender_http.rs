@@ -66,14 +66,7 @@ fn fill(api: &FakeApiServer, rng: &mut Rng) -> anyhow::Result<()> {
                     1 => 100,
                     _ => 10 * (1 + rng.below(9) as u32),
                 };
-                Some(AllocatedDevice::Gpu {
-                    uuid: g.uuid.clone(),
-                    index: g.index,
-                    minor: g.minor,
-                    core_percent: core,
-                    memory_mib: g.memory_mib * u64::from(core) / 100,
-                    exclusive: false,
-                })
+                Some(AllocatedDevice::share(g, core, g.memory_mib * u64::from(core) / 100))
             })
             .collect();
         if devices.is_empty() {

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
 use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
-use tessera_core::inventory::{FixtureSource, InventorySource};
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
 use tessera_core::request::ContainerRole;
 use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
 use tessera_nri_plugin::session::{self, Identity};
 use tessera_tests::containerd::{ContainerSpec, Containerd, Version};
+use tessera_tests::fake_node::fake_node;
 
 const N: usize = 60;
 const ROUNDS: usize = 6;
@@ -88,16 +88,7 @@ async fn measure(
 async fn bench(version: Version) -> anyhow::Result<()> {
     let mut c = Containerd::start(version).await?;
     let root = tempfile::tempdir()?;
-    let inv = FixtureSource {
-        fixture: "h100x8".into(),
-        driver_root: Some(root.path().join("driver")),
-    }
-    .discover()?;
-    for f in &inv.driver_files {
-        let p = inv.host_path(f);
-        std::fs::create_dir_all(p.parent().unwrap())?;
-        std::fs::write(&p, b"fake")?;
-    }
+    let inv = fake_node("h100x8", root.path())?;
     let (_, text) = spec::render(&inv, &SpecOptions::default())?;
     write_spec(&c.cdi_dir(), SPEC_FILE, &text)?;
     let keys = SigningKeys::new("k", [("k".to_string(), vec![1u8; 32])])?;
@@ -152,14 +143,7 @@ async fn bench(version: Version) -> anyhow::Result<()> {
     a.containers.push(ContainerAllocation {
         name: "c0".into(),
         role: ContainerRole::App,
-        devices: vec![AllocatedDevice::Gpu {
-            uuid: uuid.clone(),
-            index: 0,
-            minor: 0,
-            core_percent: 1,
-            memory_mib: 64,
-            exclusive: false,
-        }],
+        devices: vec![AllocatedDevice::share(&inv.gpus[0], 1, 64)],
     });
     let signed = keys.sign(&a);
     let mut pod = tessera_proto::nri::api::PodSandbox::new();

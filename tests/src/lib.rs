@@ -3,6 +3,7 @@
 
 pub mod apiserver;
 pub mod containerd;
+pub mod fake_node;
 pub mod gpu_cluster;
 pub mod http;
 pub mod kubelet;

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
-use tessera_core::inventory::{FixtureSource, InventorySource, create_device_nodes};
 use tessera_tests::containerd::{ContainerSpec, Containerd, Version};
+use tessera_tests::fake_node::{FakeNodePaths, fake_node};
 
 fn gpu_nodes(spec: &oci_spec::runtime::Spec) -> BTreeSet<String> {
     spec.linux()
@@ -37,18 +37,8 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 async fn cdi_on(version: Version) -> anyhow::Result<()> {
     let mut c = Containerd::start(version).await?;
     let root = tempfile::tempdir()?;
-    let source = FixtureSource {
-        fixture: "a100-mig".into(),
-        driver_root: Some(root.path().join("driver")),
-    };
-    let inv = source.discover()?;
-    for f in &inv.driver_files {
-        let p = inv.host_path(f);
-        std::fs::create_dir_all(p.parent().unwrap())?;
-        std::fs::write(&p, b"fake")?;
-    }
-    let dev_root = root.path().join("host");
-    create_device_nodes(&inv, &dev_root)?;
+    let inv = fake_node("a100-mig", root.path())?;
+    let dev_root = FakeNodePaths::under(root.path()).dev_root;
     let (_, text) = spec::render(&inv, &SpecOptions { dev_root })?;
     write_spec(&c.cdi_dir(), SPEC_FILE, &text)?;
 

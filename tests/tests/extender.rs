@@ -514,14 +514,7 @@ fn bound_share(name: &str, node: &str, card: usize, core: u32) -> k8s_openapi::a
     a.containers.push(tessera_core::handoff::ContainerAllocation {
         name: "main".into(),
         role: tessera_core::request::ContainerRole::App,
-        devices: vec![AllocatedDevice::Gpu {
-            uuid: g.uuid.clone(),
-            index: g.index,
-            minor: g.minor,
-            core_percent: core,
-            memory_mib: 1024,
-            exclusive: false,
-        }],
+        devices: vec![AllocatedDevice::share(g, core, 1024)],
     });
     let s = keys().sign(&a);
     let mut p = share_pod(name, core, 1);

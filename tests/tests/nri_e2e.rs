@@ -8,12 +8,13 @@ use std::time::Duration;
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
 use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
-use tessera_core::inventory::{FixtureSource, InventorySource, NodeInventory, create_device_nodes};
+use tessera_core::inventory::NodeInventory;
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
 use tessera_core::request::ContainerRole;
 use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
 use tessera_nri_plugin::session::{self, Identity};
 use tessera_tests::containerd::{ContainerSpec, Containerd, Pod, Version};
+use tessera_tests::fake_node::fake_node;
 
 const NODE: &str = "node-a";
 
@@ -29,21 +30,7 @@ impl Env {
     async fn new(version: Version) -> anyhow::Result<Self> {
         let c = Containerd::start(version).await?;
         let root = tempfile::tempdir()?;
-        let load = |name: &str| -> anyhow::Result<NodeInventory> {
-            let inv = FixtureSource {
-                fixture: name.into(),
-                driver_root: Some(root.path().join("driver")),
-            }
-            .discover()?;
-            for f in &inv.driver_files {
-                let p = inv.host_path(f);
-                std::fs::create_dir_all(p.parent().unwrap())?;
-                std::fs::write(&p, b"fake")?;
-            }
-            create_device_nodes(&inv, &root.path().join("host"))?;
-            Ok(inv)
-        };
-        let (h100, a100) = (load("h100x8")?, load("a100-mig")?);
+        let (h100, a100) = (fake_node("h100x8", root.path())?, fake_node("a100-mig", root.path())?);
         let keys = SigningKeys::new("k1", [("k1".to_string(), vec![42u8; 32])])?;
         let env = Self {
             c,
@@ -108,27 +95,11 @@ impl Env {
 }
 
 fn whole(inv: &NodeInventory, i: usize) -> AllocatedDevice {
-    let g = &inv.gpus[i];
-    AllocatedDevice::Gpu {
-        uuid: g.uuid.clone(),
-        index: g.index,
-        minor: g.minor,
-        core_percent: 100,
-        memory_mib: g.memory_mib,
-        exclusive: true,
-    }
+    AllocatedDevice::whole(&inv.gpus[i])
 }
 
 fn share(inv: &NodeInventory, i: usize, core: u32, mem: u64) -> AllocatedDevice {
-    let g = &inv.gpus[i];
-    AllocatedDevice::Gpu {
-        uuid: g.uuid.clone(),
-        index: g.index,
-        minor: g.minor,
-        core_percent: core,
-        memory_mib: mem,
-        exclusive: false,
-    }
+    AllocatedDevice::share(&inv.gpus[i], core, mem)
 }
 
 fn nodes(spec: &oci_spec::runtime::Spec) -> BTreeSet<String> {

@@ -54,6 +54,30 @@ pub enum AllocatedDevice {
 }
 
 impl AllocatedDevice {
+    /// All of `gpu`, exclusively.
+    pub fn whole(gpu: &crate::inventory::Gpu) -> Self {
+        AllocatedDevice::Gpu {
+            uuid: gpu.uuid.clone(),
+            index: gpu.index,
+            minor: gpu.minor,
+            core_percent: 100,
+            memory_mib: gpu.memory_mib,
+            exclusive: true,
+        }
+    }
+
+    /// A share of `gpu`: `core_percent` of its compute and `memory_mib` of its memory.
+    pub fn share(gpu: &crate::inventory::Gpu, core_percent: u32, memory_mib: u64) -> Self {
+        AllocatedDevice::Gpu {
+            uuid: gpu.uuid.clone(),
+            index: gpu.index,
+            minor: gpu.minor,
+            core_percent,
+            memory_mib,
+            exclusive: false,
+        }
+    }
+
     /// The UUID of the device itself (GPU or MIG).
     pub fn uuid(&self) -> &str {
         match self {
