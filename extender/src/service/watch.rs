@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use futures_util::StreamExt as _;
+use futures_util::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod, PodStatus};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::reflector::{self, Store};
@@ -15,57 +15,67 @@ use tracing::warn;
 
 use super::cluster::Cluster;
 
-/// Watches nodes until the task is dropped.
-pub async fn nodes(client: Client, cluster: Arc<Cluster>) {
-    let stream = watcher::watcher(Api::<Node>::all(client), watcher::Config::default())
-        .default_backoff()
-        .modify(slim_node);
+/// Follows a watch: each object as it is applied, keys as they are deleted, and after each
+/// (re-)list the full set of keys, so that what the list no longer has is dropped.
+async fn follow<K>(
+    what: &'static str,
+    stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
+    key: impl Fn(&K) -> Option<String>,
+    applied: impl Fn(&K),
+    deleted: impl Fn(&str),
+    listed: impl Fn(&HashSet<String>),
+) {
     let mut stream = std::pin::pin!(stream);
-    let mut listed = HashSet::new();
+    let mut keys = HashSet::new();
     while let Some(ev) = stream.next().await {
         match ev {
-            Ok(Event::Init) => listed.clear(),
-            Ok(Event::InitApply(n)) => {
-                listed.extend(n.metadata.name.clone());
-                cluster.node_applied(&n);
+            Ok(Event::Init) => keys.clear(),
+            Ok(Event::InitApply(o)) => {
+                keys.extend(key(&o));
+                applied(&o);
             }
-            Ok(Event::InitDone) => cluster.nodes_listed(&listed),
-            Ok(Event::Apply(n)) => cluster.node_applied(&n),
-            Ok(Event::Delete(n)) => {
-                if let Some(name) = &n.metadata.name {
-                    cluster.node_deleted(name);
+            Ok(Event::InitDone) => listed(&keys),
+            Ok(Event::Apply(o)) => applied(&o),
+            Ok(Event::Delete(o)) => {
+                if let Some(k) = key(&o) {
+                    deleted(&k);
                 }
             }
-            Err(e) => warn!(error = %e, "node watch"),
+            Err(e) => warn!(error = %e, watch = what, "watch error"),
         }
     }
 }
 
-/// Watches pods into `writer`'s store and the cluster until the task is dropped.
+/// Watches nodes (by name) until the task is dropped.
+pub async fn nodes(client: Client, cluster: Arc<Cluster>) {
+    let stream = watcher::watcher(Api::<Node>::all(client), watcher::Config::default())
+        .default_backoff()
+        .modify(slim_node);
+    follow(
+        "nodes",
+        stream,
+        |n: &Node| n.metadata.name.clone(),
+        |n| cluster.node_applied(n),
+        |name| cluster.node_deleted(name),
+        |names| cluster.nodes_listed(names),
+    )
+    .await;
+}
+
+/// Watches pods (by UID) into `writer`'s store and the cluster until the task is dropped.
 pub async fn pods(client: Client, cluster: Arc<Cluster>, writer: reflector::store::Writer<Pod>) {
     let stream = watcher::watcher(Api::<Pod>::all(client), watcher::Config::default())
         .default_backoff()
         .modify(slim_pod);
-    let stream = reflector::reflector(writer, stream);
-    let mut stream = std::pin::pin!(stream);
-    let mut listed = HashSet::new();
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(Event::Init) => listed.clear(),
-            Ok(Event::InitApply(p)) => {
-                listed.extend(p.metadata.uid.clone());
-                cluster.pod_applied(&p);
-            }
-            Ok(Event::InitDone) => cluster.pods_listed(&listed),
-            Ok(Event::Apply(p)) => cluster.pod_applied(&p),
-            Ok(Event::Delete(p)) => {
-                if let Some(uid) = &p.metadata.uid {
-                    cluster.pod_deleted(uid);
-                }
-            }
-            Err(e) => warn!(error = %e, "pod watch"),
-        }
-    }
+    follow(
+        "pods",
+        reflector::reflector(writer, stream),
+        |p: &Pod| p.metadata.uid.clone(),
+        |p| cluster.pod_applied(p),
+        |uid| cluster.pod_deleted(uid),
+        |uids| cluster.pods_listed(uids),
+    )
+    .await;
 }
 
 /// Keeps only what the extender reads of a node (annotations, unschedulable, allocatable): a
