@@ -119,6 +119,17 @@ impl NodeState {
     pub fn model(&self) -> Option<u16> {
         self.cards.first().map(|c| c.model)
     }
+
+    /// Whether evicting pods could ever make room for `pod` here: the node is schedulable and,
+    /// when the pod wants cards, has a healthy card of an `allowed` model.
+    pub fn could_take(&self, pod: &super::PodDemand, allowed: &[bool]) -> bool {
+        self.schedulable
+            && (!pod.wants_cards()
+                || self
+                    .cards
+                    .iter()
+                    .any(|c| c.healthy && allowed.get(usize::from(c.model)).copied().unwrap_or(false)))
+    }
 }
 
 /// All nodes plus the interned model names.

@@ -304,3 +304,49 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn only_schedulable_nodes_with_a_healthy_allowed_card_could_take_a_gpu_pod() {
+    let mut cluster = ClusterState::new();
+    let a100 = cluster.model_id("A100");
+    let card = |healthy| CardState {
+        uuid: "GPU-x".into(),
+        index: 0,
+        minor: 0,
+        model: a100,
+        memory_mib: 40_960,
+        numa: None,
+        healthy,
+        core_used: 1000,
+        memory_used: 40_960,
+        mig: None,
+    };
+    let mut node = NodeState {
+        name: "n".into(),
+        cpu_milli: 8000,
+        cpu_used: 0,
+        memory_bytes: 1 << 34,
+        memory_used: 0,
+        cards: vec![card(true)],
+        schedulable: true,
+    };
+    let gpu = PodDemand::single(
+        100,
+        0,
+        Some(CardDemand::Share {
+            core_milli: 500,
+            memory_mib: Some(1024),
+        }),
+    );
+    let cpu_only = PodDemand::single(100, 0, None);
+    let any = cluster.allowed_models(None);
+    let h100_only = cluster.allowed_models(Some(&["H100".to_string()]));
+    assert!(node.could_take(&gpu, &any), "a full but healthy card could be freed");
+    assert!(!node.could_take(&gpu, &h100_only));
+    assert!(node.could_take(&cpu_only, &h100_only));
+    node.cards[0] = card(false);
+    assert!(!node.could_take(&gpu, &any));
+    node.cards[0] = card(true);
+    node.schedulable = false;
+    assert!(!node.could_take(&gpu, &any) && !node.could_take(&cpu_only, &any));
+}

@@ -280,24 +280,17 @@ impl Cluster {
                 }
             }
         }
-        let wants_cards = ask.demand.wants_cards();
         let allowed = l.cluster().allowed_models(ask.demand.gpu_models.as_deref());
         for (i, verdict) in l.engine().evaluate_nodes(&ask.demand, &positions) {
             let node = &l.cluster().nodes[i];
             match verdict {
                 Ok(score) => out.fits.push((node.name.clone(), score)),
+                // Preemption can only help where the pod could ever fit.
+                Err(reason) if node.could_take(&ask.demand, &allowed) => {
+                    out.failed.insert(node.name.clone(), reason);
+                }
                 Err(reason) => {
-                    // Preemption cannot help a node without (allowed, healthy) cards.
-                    let hopeless = wants_cards
-                        && !node
-                            .cards
-                            .iter()
-                            .any(|c| c.healthy && allowed.get(usize::from(c.model)).copied().unwrap_or(false));
-                    if hopeless || !node.schedulable {
-                        out.unresolvable.insert(node.name.clone(), reason);
-                    } else {
-                        out.failed.insert(node.name.clone(), reason);
-                    }
+                    out.unresolvable.insert(node.name.clone(), reason);
                 }
             }
         }
