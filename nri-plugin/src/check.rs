@@ -281,20 +281,15 @@ fn check_driver(driver_root: &Path, dev_root: &Path) -> Finding {
     let what = "NVIDIA driver";
     let ctl = dev_root.join("dev/nvidiactl");
     // libnvidia-ml.so.1 or the versioned file it points to.
-    let lib = [
-        "usr/lib/x86_64-linux-gnu",
-        "usr/lib/aarch64-linux-gnu",
-        "usr/lib64",
-        "usr/lib",
-    ]
-    .iter()
-    .filter_map(|d| std::fs::read_dir(driver_root.join(d)).ok())
-    .flat_map(|rd| rd.flatten().map(|e| e.path()))
-    .find(|p| {
-        p.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("libnvidia-ml.so."))
-    });
+    let lib = tessera_core::inventory::LIBRARY_DIRS
+        .iter()
+        .filter_map(|d| std::fs::read_dir(driver_root.join(d)).ok())
+        .flat_map(|rd| rd.flatten().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libnvidia-ml.so."))
+        });
     match (ctl.exists(), lib) {
         (true, Some(lib)) => finding(Level::Ok, what, format!("{} and {}", ctl.display(), lib.display())),
         (false, _) => finding(

@@ -22,7 +22,7 @@ pub use devnodes::create_device_nodes;
 pub use error::InventoryError;
 pub use fixture::{BUILTIN_FIXTURES, Fixture, FixtureSource, HealthEvent};
 pub use mig_minors::MigMinors;
-pub use nvml::NvmlSource;
+pub use nvml::{LIBRARY_DIRS, NvmlSource};
 
 /// Anything that can tell what GPUs a node has.
 pub trait InventorySource {

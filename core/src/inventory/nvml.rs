@@ -16,7 +16,7 @@ use super::{
 use crate::mig::MigProfile;
 
 /// Library directories searched for `*.so.<driver version>` files.
-const LIBRARY_DIRS: &[&str] = &[
+pub const LIBRARY_DIRS: &[&str] = &[
     "usr/lib/x86_64-linux-gnu",
     "usr/lib/aarch64-linux-gnu",
     "usr/lib64",
