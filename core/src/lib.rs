@@ -1,6 +1,7 @@
 //! Tessera's one shared model: what pods ask for ([`request`]), what nodes have
-//! ([`inventory`]), what the extender decided ([`handoff`]) and how it decides ([`placement`]).
+//! ([`inventory`], [`driver`]), what the extender decided ([`handoff`]) and how it decides ([`placement`]).
 
+pub mod driver;
 pub mod handoff;
 pub mod injection;
 pub mod inventory;

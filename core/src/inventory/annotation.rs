@@ -16,15 +16,20 @@ pub struct PublishedInventory {
     pub driver_version: String,
     /// GPUs with their health and MIG devices.
     pub gpus: Vec<Gpu>,
+    /// Why the node cannot run GPU containers although it has GPUs (its driver's files are
+    /// unusable: no libcuda); the extender places no GPU pod there while this is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_ready: Option<String>,
 }
 
 impl PublishedInventory {
-    /// The published view of an inventory.
+    /// The published view of an inventory; not ready when its driver check fails.
     pub fn of(inventory: &NodeInventory) -> Self {
         Self {
             version: INVENTORY_VERSION,
             driver_version: inventory.driver_version.clone(),
             gpus: inventory.gpus.clone(),
+            not_ready: inventory.driver_check().err(),
         }
     }
 

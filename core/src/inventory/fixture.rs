@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    DeviceNode, DriverFile, DriverFileKind, Gpu, Health, InventoryError, InventorySource, MigDevice, MigMinors,
-    NodeInventory,
+    DeviceNode, DriverFile, DriverFileKind, FoundBy, Gpu, Health, InventoryError, InventorySource, MigDevice,
+    MigMinors, NodeInventory,
 };
 use crate::mig::MigProfile;
 
@@ -210,7 +210,14 @@ impl Fixture {
             (&files.sockets, DriverFileKind::Socket),
         ]
         .into_iter()
-        .flat_map(|(paths, kind)| paths.iter().map(move |p| DriverFile { path: p.clone(), kind }))
+        .flat_map(|(paths, kind)| {
+            paths.iter().map(move |p| DriverFile {
+                path: p.clone(),
+                kind,
+                found_by: FoundBy::Fixture,
+                soname: None,
+            })
+        })
         .collect();
         driver_files.sort();
         let inventory = NodeInventory {
@@ -228,6 +235,7 @@ impl Fixture {
                 .or_else(|| self.driver_root.clone())
                 .unwrap_or_else(|| PathBuf::from("/")),
             driver_files,
+            driver_error: None,
             mps_pipe_dir: self.mps_pipe_dir.clone(),
         };
         inventory.validate()?;

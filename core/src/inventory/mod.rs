@@ -17,12 +17,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::mig::MigProfile;
 
+pub use crate::driver::{DriverFile, DriverFileKind, FoundBy};
 pub use annotation::{INVENTORY_VERSION, PublishedInventory};
 pub use devnodes::create_device_nodes;
 pub use error::InventoryError;
 pub use fixture::{BUILTIN_FIXTURES, Fixture, FixtureSource, HealthEvent};
 pub use mig_minors::MigMinors;
-pub use nvml::{LIBRARY_DIRS, NvmlSource};
+pub use nvml::NvmlSource;
 
 /// Anything that can tell what GPUs a node has.
 pub trait InventorySource {
@@ -143,31 +144,6 @@ pub fn model_matches(model: &str, constraint: &str) -> bool {
         .any(|m| *m == c || (m.starts_with(&c) && matches!(m.as_bytes()[c.len()], b'-' | b' ')))
 }
 
-/// What a driver file is, which decides how it is exposed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DriverFileKind {
-    /// A shared library (`libcuda.so.550.54.15`).
-    Library,
-    /// A program (`nvidia-smi`).
-    Binary,
-    /// GSP firmware.
-    Firmware,
-    /// A config file (Vulkan/EGL ICDs).
-    Config,
-    /// An IPC socket (persistenced, MPS).
-    Socket,
-}
-
-/// A driver user-space file to expose read-only to GPU containers.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct DriverFile {
-    /// Path inside the container (and under the driver root on the host).
-    pub path: PathBuf,
-    /// What it is.
-    pub kind: DriverFileKind,
-}
-
 /// Everything a node component needs to know about the node's GPUs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInventory {
@@ -184,6 +160,10 @@ pub struct NodeInventory {
     pub driver_root: PathBuf,
     /// Driver files to mount read-only.
     pub driver_files: Vec<DriverFile>,
+    /// Why the driver's files cannot serve GPU containers, when the source found out (NVML's
+    /// driver search: no libcuda, a libcuda of another version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_error: Option<String>,
     /// MPS pipe directory when the node runs an MPS control daemon.
     #[serde(default)]
     pub mps_pipe_dir: Option<PathBuf>,
@@ -194,6 +174,27 @@ impl NodeInventory {
     pub fn host_path(&self, file: &DriverFile) -> PathBuf {
         let rel = file.path.strip_prefix("/").unwrap_or(&file.path);
         self.driver_root.join(rel)
+    }
+
+    /// Whether GPU containers can run with this inventory's driver files: the source's own
+    /// finding, and in any case a libcuda among the libraries. The error is for operators.
+    pub fn driver_check(&self) -> Result<(), String> {
+        if let Some(e) = &self.driver_error {
+            return Err(e.clone());
+        }
+        let libcuda = self
+            .driver_files
+            .iter()
+            .any(|f| f.kind == DriverFileKind::Library && f.stem().as_deref() == Some("libcuda"));
+        if libcuda {
+            Ok(())
+        } else {
+            Err(format!(
+                "no libcuda among the {} driver file(s) under driver root {}: GPU containers could not run CUDA",
+                self.driver_files.len(),
+                self.driver_root.display()
+            ))
+        }
     }
 
     /// The GPU with this UUID.

@@ -1,5 +1,6 @@
 //! Inventory from NVML (real hardware). `libnvidia-ml.so.1` is loaded at run time: when it is
-//! absent, [`NvmlSource::discover`] returns [`InventoryError::NvmlUnavailable`].
+//! absent, [`NvmlSource::discover`] returns [`InventoryError::NvmlUnavailable`]. The driver's
+//! files come from [`crate::driver::discover`], told NVML's version and directory.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -9,40 +10,27 @@ use nvml_wrapper::error::NvmlError;
 
 use super::fixture::cap_path;
 use super::mig_minors::MIG_MINORS_PATH;
-use super::{
-    DeviceNode, DriverFile, DriverFileKind, Gpu, Health, InventoryError, InventorySource, MigDevice, MigMinors,
-    NodeInventory,
-};
+use super::{DeviceNode, Gpu, Health, InventoryError, InventorySource, MigDevice, MigMinors, NodeInventory};
+use crate::driver::{self, Driver, DriverSearch};
 use crate::mig::MigProfile;
 
-/// Library directories searched for `*.so.<driver version>` files.
-pub const LIBRARY_DIRS: &[&str] = &[
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "usr/lib64",
-    "usr/lib",
-];
-/// Driver programs exposed to containers when present.
-const BINARIES: &[&str] = &[
-    "nvidia-smi",
-    "nvidia-debugdump",
-    "nvidia-persistenced",
-    "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server",
-];
 /// Control device nodes, when present.
 const CONTROL_DEVICES: &[&str] = &["nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools"];
 
-/// Reads the inventory from NVML, the driver files from `driver_root`, device nodes from `dev_root`.
+/// Reads the inventory from NVML, the driver files from the driver root, device nodes from
+/// `dev_root`.
 #[derive(Debug, Clone)]
 pub struct NvmlSource {
-    /// Where the driver's user-space files are (`/`, or `/run/nvidia/driver`).
-    pub driver_root: PathBuf,
+    /// Where this process sees the host's `/` (`/`, or `/host` in the node DaemonSet).
+    pub host_root: PathBuf,
+    /// The driver root as a host path (`/`, `/run/nvidia/driver`); `None` detects it.
+    pub driver_root: Option<PathBuf>,
     /// Where `/dev` is (`/` on the host; a host mount in a container).
     pub dev_root: PathBuf,
     /// Where `/proc` is.
     pub proc_root: PathBuf,
-    /// Explicit `libnvidia-ml.so.1` path; default: the dynamic loader's search.
+    /// Explicit `libnvidia-ml.so.1` path (as this process sees it); default: the dynamic
+    /// loader's search on the host, else the one the driver search finds.
     pub library: Option<PathBuf>,
     /// MPS pipe directory to advertise when an MPS daemon runs on the node.
     pub mps_pipe_dir: Option<PathBuf>,
@@ -51,7 +39,8 @@ pub struct NvmlSource {
 impl Default for NvmlSource {
     fn default() -> Self {
         Self {
-            driver_root: "/".into(),
+            host_root: "/".into(),
+            driver_root: None,
             dev_root: "/".into(),
             proc_root: "/".into(),
             library: None,
@@ -103,9 +92,9 @@ pub(crate) fn mig_profile_name(
 }
 
 impl NvmlSource {
-    fn init(&self) -> Result<Nvml, InventoryError> {
+    fn load(&self, lib: Option<&Path>) -> Result<Nvml, InventoryError> {
         let mut builder = Nvml::builder();
-        if let Some(lib) = &self.library {
+        if let Some(lib) = lib {
             builder.lib_path(lib.as_os_str());
         }
         builder.init().map_err(|e| match e {
@@ -119,47 +108,86 @@ impl NvmlSource {
         })
     }
 
-    fn driver_files(&self, driver_version: &str) -> Vec<DriverFile> {
-        let mut files = Vec::new();
-        let suffix = format!(".so.{driver_version}");
-        for dir in LIBRARY_DIRS {
-            let Ok(entries) = std::fs::read_dir(rooted(&self.driver_root, dir)) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if name.ends_with(&suffix) {
-                    files.push(DriverFile {
-                        path: Path::new("/").join(dir).join(&name),
-                        kind: DriverFileKind::Library,
-                    });
-                }
-            }
+    fn search(&self) -> DriverSearch {
+        DriverSearch {
+            host_root: self.host_root.clone(),
+            driver_root: self.driver_root.clone(),
+            ..Default::default()
         }
-        for bin in BINARIES {
-            let path = format!("/usr/bin/{bin}");
-            if rooted(&self.driver_root, &path).exists() {
-                files.push(DriverFile {
-                    path: path.into(),
-                    kind: DriverFileKind::Binary,
-                });
-            }
+    }
+
+    /// Loads NVML: the given library; else, on the host, the loader's search; else the
+    /// `libnvidia-ml` the driver search finds (in a container that sees the host under
+    /// `host_root`). Returns it with the host directory it was loaded from, when known.
+    fn init(&self) -> Result<(Nvml, Option<PathBuf>), InventoryError> {
+        if let Some(lib) = &self.library {
+            let nvml = self.load(Some(lib))?;
+            return Ok((nvml, self.loaded_dir()));
         }
-        let firmware = format!("lib/firmware/nvidia/{driver_version}");
-        if let Ok(entries) = std::fs::read_dir(rooted(&self.driver_root, &firmware)) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if name.starts_with("gsp") && name.ends_with(".bin") {
-                    files.push(DriverFile {
-                        path: Path::new("/").join(&firmware).join(name),
-                        kind: DriverFileKind::Firmware,
-                    });
-                }
+        let first = if self.host_root == Path::new("/") {
+            match self.load(None) {
+                Ok(nvml) => return Ok((nvml, self.loaded_dir())),
+                Err(e) => Some(e),
             }
+        } else {
+            None
+        };
+        let found = driver::discover(&self.search());
+        let ml = found
+            .files
+            .iter()
+            .find(|f| f.stem().as_deref() == Some("libnvidia-ml"))
+            .map(|f| {
+                self.host_root
+                    .join(found.host_path(f).strip_prefix("/").unwrap_or(&found.host_path(f)))
+            });
+        match ml {
+            Some(lib) => {
+                let nvml = self.load(Some(&lib))?;
+                Ok((nvml, self.loaded_dir()))
+            }
+            None => Err(first.unwrap_or_else(|| InventoryError::NvmlUnavailable {
+                reason: format!(
+                    "no libnvidia-ml under {} (driver roots tried: {})",
+                    self.host_root.display(),
+                    found
+                        .tried
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })),
         }
-        files.sort();
-        files.dedup_by(|a, b| a.path == b.path);
-        files
+    }
+
+    /// The host directory this process loaded libnvidia-ml from (`/proc/self/maps`).
+    fn loaded_dir(&self) -> Option<PathBuf> {
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        let lib = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with("libnvidia-ml.so")))?;
+        let dir = Path::new(lib).parent()?;
+        let host = dir.strip_prefix(&self.host_root).ok()?;
+        Some(Path::new("/").join(host))
+    }
+
+    /// The driver's files, found with NVML's help (its version and directory) when it loads.
+    /// Needs no GPU: without NVML the version comes from libcuda's file name.
+    pub fn driver(&self) -> Driver {
+        match self.init() {
+            Ok((nvml, dir)) => self.driver_with(&nvml, dir),
+            Err(_) => driver::discover(&self.search()),
+        }
+    }
+
+    fn driver_with(&self, nvml: &Nvml, nvml_dir: Option<PathBuf>) -> Driver {
+        driver::discover(&DriverSearch {
+            nvml_dir,
+            version: nvml.sys_driver_version().ok(),
+            ..self.search()
+        })
     }
 
     fn mig_devices(
@@ -281,8 +309,9 @@ fn proc_devices_major(proc_root: &Path, driver: &str) -> Option<u32> {
 
 impl InventorySource for NvmlSource {
     fn discover(&self) -> Result<NodeInventory, InventoryError> {
-        let nvml = self.init()?;
+        let (nvml, nvml_dir) = self.init()?;
         let driver_version = nvml.sys_driver_version().map_err(call("nvmlSystemGetDriverVersion"))?;
+        let driver = self.driver_with(&nvml, nvml_dir);
         let cuda_version = nvml
             .sys_cuda_driver_version()
             .ok()
@@ -334,12 +363,13 @@ impl InventorySource for NvmlSource {
             .filter_map(|d| device_node(&self.dev_root, &format!("/dev/{d}")))
             .collect();
         let inventory = NodeInventory {
-            driver_files: self.driver_files(&driver_version),
+            driver_error: driver.check().err().map(|e| e.to_string()),
+            driver_files: driver.files,
             driver_version,
             cuda_version,
             gpus,
             control_devices,
-            driver_root: self.driver_root.clone(),
+            driver_root: driver.root,
             mps_pipe_dir: self.mps_pipe_dir.clone(),
         };
         inventory.validate()?;
