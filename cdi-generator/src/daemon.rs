@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tessera_core::inventory::{InventorySource, NodeInventory};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::spec::{self, CdiSpec, SpecOptions};
 use crate::writer::{self, WriteOutcome};
@@ -42,6 +42,14 @@ pub struct Generator {
     last_inventory: Option<NodeInventory>,
 }
 
+/// One pass: the inventory read, and what became of the spec.
+pub struct Refresh {
+    /// The inventory (published even when the spec is refused: it says why).
+    pub inventory: NodeInventory,
+    /// The spec written (or unchanged), or why not; the previous file stays on error.
+    pub spec: anyhow::Result<Generation>,
+}
+
 impl Generator {
     /// Discovers, renders and writes once. On any error the previous spec file is untouched.
     pub fn step(
@@ -49,8 +57,19 @@ impl Generator {
         source: &dyn InventorySource,
         config: &DaemonConfig,
     ) -> anyhow::Result<(Generation, NodeInventory)> {
+        let r = self.refresh(source, config)?;
+        Ok((r.spec?, r.inventory))
+    }
+
+    /// Discovers the inventory, then renders and writes the spec from it.
+    pub fn refresh(&mut self, source: &dyn InventorySource, config: &DaemonConfig) -> anyhow::Result<Refresh> {
         let inventory = source.discover()?;
-        let (spec, text) = spec::render(&inventory, &config.spec)?;
+        let spec = self.write(&inventory, config);
+        Ok(Refresh { inventory, spec })
+    }
+
+    fn write(&mut self, inventory: &NodeInventory, config: &DaemonConfig) -> anyhow::Result<Generation> {
+        let (spec, text) = spec::render(inventory, &config.spec)?;
         let outcome = writer::write_spec(&config.cdi_dir, writer::SPEC_FILE, &text)?;
         let names = |s: &CdiSpec| s.devices.iter().map(|d| d.name.clone()).collect::<BTreeSet<_>>();
         let before = self.last.as_ref().map(names).unwrap_or_default();
@@ -62,7 +81,26 @@ impl Generator {
         };
         self.last = Some(spec);
         self.last_inventory = Some(inventory.clone());
-        Ok((generation, inventory))
+        Ok(generation)
+    }
+}
+
+/// Logs where the driver was found when that changes (root, version, file count).
+fn log_driver(inventory: &NodeInventory, last: &mut Option<(PathBuf, String, usize)>) {
+    let now = (
+        inventory.driver_root.clone(),
+        inventory.driver_version.clone(),
+        inventory.driver_files.len(),
+    );
+    if last.as_ref() != Some(&now) {
+        info!(
+            root = %now.0.display(),
+            version = now.1,
+            files = now.2,
+            libraries = inventory.driver_files.iter().filter(|f| f.kind == tessera_core::inventory::DriverFileKind::Library).count(),
+            "driver files found"
+        );
+        *last = Some(now);
     }
 }
 
@@ -85,6 +123,7 @@ pub async fn run(
     let mut ticker = tokio::time::interval(config.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_mtime = None;
+    let mut driver_seen = None;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
@@ -98,10 +137,18 @@ pub async fn run(
             _ = term.recv() => { info!("SIGTERM: exiting"); return Ok(()); }
             _ = tokio::signal::ctrl_c() => { info!("interrupted: exiting"); return Ok(()); }
         }
-        match generator.step(source.as_ref(), &config) {
-            Ok((g, inventory)) => {
-                if g.outcome == WriteOutcome::Written {
-                    info!(added = ?g.added, removed = ?g.removed, dir = %config.cdi_dir.display(), "CDI spec written");
+        match generator.refresh(source.as_ref(), &config) {
+            Ok(Refresh { inventory, spec }) => {
+                log_driver(&inventory, &mut driver_seen);
+                match spec {
+                    Ok(g) if g.outcome == WriteOutcome::Written => {
+                        info!(added = ?g.added, removed = ?g.removed, dir = %config.cdi_dir.display(), "CDI spec written");
+                    }
+                    Ok(_) => {}
+                    Err(e) => error!(
+                        error = format!("{e:#}"),
+                        "no CDI spec written; GPU containers cannot start on this node until this is fixed"
+                    ),
                 }
                 if let (Some(client), Some(node)) = (&client, &config.node_name)
                     && published.as_ref() != Some(&inventory)

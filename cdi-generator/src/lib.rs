@@ -2,6 +2,7 @@
 //! `tessera.io-gpu.json`, keeps it current, and publishes the inventory on the Node object.
 
 pub mod daemon;
+pub mod driver_report;
 pub mod publish;
 pub mod spec;
 pub mod writer;

@@ -4,6 +4,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tessera_cdi_generator::daemon::{self, DaemonConfig};
+use tessera_cdi_generator::driver_report;
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{self, DEFAULT_CDI_DIR};
 use tessera_core::inventory::{FixtureSource, InventorySource, NvmlSource};
@@ -21,9 +22,14 @@ struct SourceArgs {
     /// Fixture file (or built-in fixture name: h100x8, a100-mig, t4x2) instead of NVML.
     #[arg(long)]
     fixture: Option<PathBuf>,
-    /// Host directory holding the driver files (default: the fixture's, or / for NVML).
+    /// Host directory holding the driver files (default: the fixture's; with NVML, detected:
+    /// /run/nvidia/driver, /, /usr/local/nvidia, /home/kubernetes/bin/nvidia).
     #[arg(long)]
     driver_root: Option<PathBuf>,
+    /// Where this process sees the host's / (the node DaemonSet mounts it at /host). Files
+    /// are read under it; the spec names host paths.
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
     /// Host directory holding /dev (device nodes get a hostPath under it when not /).
     #[arg(long, default_value = "/")]
     dev_root: PathBuf,
@@ -39,12 +45,17 @@ impl SourceArgs {
                 fixture: f.clone(),
                 driver_root: self.driver_root.clone(),
             }),
-            None => Box::new(NvmlSource {
-                driver_root: self.driver_root.clone().unwrap_or_else(|| "/".into()),
-                dev_root: self.dev_root.clone(),
-                library: self.nvml_library.clone(),
-                ..Default::default()
-            }),
+            None => Box::new(self.nvml()),
+        }
+    }
+
+    fn nvml(&self) -> NvmlSource {
+        NvmlSource {
+            host_root: self.host_root.clone(),
+            driver_root: self.driver_root.clone(),
+            dev_root: self.dev_root.clone(),
+            library: self.nvml_library.clone(),
+            ..Default::default()
         }
     }
 }
@@ -58,6 +69,15 @@ enum Command {
         /// `-` for standard output, or a directory to write tessera.io-gpu.json into.
         #[arg(long, default_value = "-")]
         output: String,
+    },
+    /// Show where the driver is and every file a GPU container would get, with how each was
+    /// found (needs no GPU). Exits 1 when GPU containers could not run CUDA with them.
+    Driver {
+        #[command(flatten)]
+        source: SourceArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Run the daemon: keep the spec current and publish the inventory.
     Run {
@@ -95,6 +115,18 @@ async fn main() -> anyhow::Result<()> {
             } else {
                 let outcome = writer::write_spec(output.as_ref(), writer::SPEC_FILE, &text)?;
                 eprintln!("{}/{}: {outcome:?}", output, writer::SPEC_FILE);
+            }
+            Ok(())
+        }
+        Command::Driver { source, json } => {
+            let driver = source.nvml().driver();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&driver_report::json(&driver))?);
+            } else {
+                print!("{}", driver_report::text(&driver));
+            }
+            if driver.check().is_err() {
+                std::process::exit(1);
             }
             Ok(())
         }

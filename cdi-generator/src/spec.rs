@@ -96,6 +96,10 @@ pub enum SpecError {
     /// The inventory has nothing to offer.
     #[error("the inventory has no usable GPU, MIG device or share: nothing to put in a CDI spec")]
     Empty,
+    /// The driver's files cannot serve GPU containers (no libcuda): a spec would break every
+    /// GPU container, so none is written.
+    #[error("not writing a CDI spec: {0}")]
+    Driver(String),
 }
 
 /// Options for building a spec.
@@ -130,13 +134,6 @@ fn node(n: &DeviceNode, opts: &SpecOptions) -> CdiDeviceNode {
     }
 }
 
-/// The soname a driver library is loaded by (`libcuda.so.550.54.15` -> `libcuda.so.1`).
-fn soname(file: &str) -> Option<String> {
-    let (stem, _) = file.split_once(".so.")?;
-    let major = if stem == "libnvidia-nvvm" { 4 } else { 1 };
-    Some(format!("{stem}.so.{major}"))
-}
-
 fn ro_bind(host: String, container: String) -> CdiMount {
     CdiMount {
         host_path: host,
@@ -157,11 +154,7 @@ fn common_edits(inv: &NodeInventory, opts: &SpecOptions) -> CdiEdits {
     };
     for f in &inv.driver_files {
         let host = inv.host_path(f).display().to_string();
-        let name = f
-            .path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = f.name();
         match f.kind {
             DriverFileKind::Library => {
                 // Libraries go to one directory, under their file name and their soname, so
@@ -169,11 +162,18 @@ fn common_edits(inv: &NodeInventory, opts: &SpecOptions) -> CdiEdits {
                 edits
                     .mounts
                     .push(ro_bind(host.clone(), format!("{LIBRARY_DIR}/{name}")));
-                if let Some(so) = soname(&name) {
+                if let Some(so) = f.loader_name().filter(|so| *so != name) {
                     edits.mounts.push(ro_bind(host, format!("{LIBRARY_DIR}/{so}")));
                 }
             }
-            DriverFileKind::Binary | DriverFileKind::Firmware | DriverFileKind::Config | DriverFileKind::Socket => {
+            // Programs where every image's PATH looks, wherever the node keeps them.
+            DriverFileKind::Binary => edits.mounts.push(ro_bind(host, format!("/usr/bin/{name}"))),
+            // Firmware where the driver expects it (`/lib/firmware/nvidia/<version>`).
+            DriverFileKind::Firmware => edits.mounts.push(ro_bind(
+                host,
+                format!("/lib/firmware/nvidia/{}/{name}", inv.driver_version),
+            )),
+            DriverFileKind::Config | DriverFileKind::Socket => {
                 edits.mounts.push(ro_bind(host, f.path.display().to_string()));
             }
         }
@@ -280,6 +280,7 @@ pub fn build(inv: &NodeInventory, opts: &SpecOptions) -> CdiSpec {
 /// Builds, versions and validates the spec; returns it and its JSON text.
 pub fn render(inv: &NodeInventory, opts: &SpecOptions) -> Result<(CdiSpec, String), SpecError> {
     use container_device_interface::specs::config::Spec as RawSpec;
+    inv.driver_check().map_err(SpecError::Driver)?;
     let mut spec = build(inv, opts);
     if spec.devices.is_empty() {
         return Err(SpecError::Empty);
@@ -299,19 +300,4 @@ pub fn render(inv: &NodeInventory, opts: &SpecOptions) -> Result<(CdiSpec, Strin
             .map_err(|e| SpecError::Invalid(format!("{e:#}")))?;
     checked.validate().map_err(|e| SpecError::Invalid(format!("{e:#}")))?;
     Ok((spec, text))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sonames() {
-        assert_eq!(soname("libcuda.so.550.54.15").as_deref(), Some("libcuda.so.1"));
-        assert_eq!(
-            soname("libnvidia-nvvm.so.550.54.15").as_deref(),
-            Some("libnvidia-nvvm.so.4")
-        );
-        assert_eq!(soname("nvidia-smi"), None);
-    }
 }
