@@ -89,7 +89,7 @@ pub fn grant(grant: &Grant, edits: &Edits) -> api::ContainerAdjustment {
 }
 
 /// The adjustment for a container without GPUs: GPU device nodes it carries are removed and
-/// GPU-exposing env is neutralised.
+/// GPU-exposing env is set to values that expose nothing (see [`GPU_EXPOSING_ENV`]).
 pub fn deny(container: &api::Container) -> api::ContainerAdjustment {
     let mut adj = api::ContainerAdjustment::new();
     let mut linux = api::LinuxContainerAdjustment::new();
@@ -106,13 +106,11 @@ pub fn deny(container: &api::Container) -> api::ContainerAdjustment {
         adj.linux = Some(linux).into();
     }
     for e in &container.env {
-        let key = e.split_once('=').map_or(e.as_str(), |(k, _)| k);
-        if GPU_EXPOSING_ENV.contains(&key) {
-            if key == "NVIDIA_VISIBLE_DEVICES" {
-                adj.env.push(kv(key, "void"));
-            } else {
-                adj.env.push(kv(&format!("-{key}"), ""));
-            }
+        let (key, value) = e.split_once('=').unwrap_or((e.as_str(), ""));
+        if let Some((_, neutral)) = GPU_EXPOSING_ENV.iter().find(|(k, _)| *k == key)
+            && value != *neutral
+        {
+            adj.env.push(kv(key, neutral));
         }
     }
     adj

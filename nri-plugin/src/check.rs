@@ -56,8 +56,10 @@ pub struct CheckOptions {
     pub cdi_dirs: Vec<PathBuf>,
     /// Hand-off keys.
     pub keys_dir: PathBuf,
-    /// Host directory of the driver files.
-    pub driver_root: PathBuf,
+    /// Where this process sees the host's `/`.
+    pub host_root: PathBuf,
+    /// The driver root as a host path; `None` detects it as the CDI generator does.
+    pub driver_root: Option<PathBuf>,
     /// Host directory holding `/dev`.
     pub dev_root: PathBuf,
 }
@@ -75,7 +77,7 @@ pub fn run(opts: &CheckOptions) -> Vec<Finding> {
     let mut out = vec![check_socket(&opts.socket)];
     out.extend(check_runtime_config(opts));
     out.push(check_cdi(&opts.cdi_dirs));
-    out.push(check_driver(&opts.driver_root, &opts.dev_root));
+    out.push(check_driver(opts));
     out.push(check_keys(&opts.keys_dir));
     out
 }
@@ -254,6 +256,15 @@ fn check_cdi(dirs: &[PathBuf]) -> Finding {
     let what = "CDI spec";
     let all = format!("{CDI_KIND}=all");
     match CdiResolver::new(dirs.to_vec()).resolve(std::slice::from_ref(&all)) {
+        Ok(e) if !e.mounts.iter().any(|m| m.destination.ends_with("/libcuda.so.1")) => finding(
+            Level::Fail,
+            what,
+            format!(
+                "{all} mounts no libcuda.so.1 ({} mount(s)): GPU containers could not run CUDA; \
+                 see `tessera-cdi-generator driver` on this node",
+                e.mounts.len()
+            ),
+        ),
         Ok(e) => finding(
             Level::Ok,
             what,
@@ -277,34 +288,37 @@ fn check_cdi(dirs: &[PathBuf]) -> Finding {
     }
 }
 
-fn check_driver(driver_root: &Path, dev_root: &Path) -> Finding {
+fn check_driver(opts: &CheckOptions) -> Finding {
+    use tessera_core::driver::{self, DriverSearch};
     let what = "NVIDIA driver";
-    let ctl = dev_root.join("dev/nvidiactl");
-    // libnvidia-ml.so.1 or the versioned file it points to.
-    let lib = tessera_core::inventory::LIBRARY_DIRS
-        .iter()
-        .filter_map(|d| std::fs::read_dir(driver_root.join(d)).ok())
-        .flat_map(|rd| rd.flatten().map(|e| e.path()))
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libnvidia-ml.so."))
-        });
-    match (ctl.exists(), lib) {
-        (true, Some(lib)) => finding(Level::Ok, what, format!("{} and {}", ctl.display(), lib.display())),
-        (false, _) => finding(
+    let ctl = opts.dev_root.join("dev/nvidiactl");
+    if !ctl.exists() {
+        return finding(
             Level::Fail,
             what,
             format!("{} is absent: the kernel driver is not loaded", ctl.display()),
-        ),
-        (true, None) => finding(
-            Level::Fail,
+        );
+    }
+    // The same search the CDI generator makes (ld cache, then directories), with links
+    // followed to the versioned files: a link alone proves nothing.
+    let d = driver::discover(&DriverSearch {
+        host_root: opts.host_root.clone(),
+        driver_root: opts.driver_root.clone(),
+        ..Default::default()
+    });
+    match d.check() {
+        Ok(()) => finding(
+            Level::Ok,
             what,
             format!(
-                "libnvidia-ml.so.1 not found under {}: pass --driver-root where the driver's files are",
-                driver_root.display()
+                "{}; driver root {} (version {}, {} file(s); `tessera-cdi-generator driver` lists them)",
+                ctl.display(),
+                d.root.display(),
+                d.version.as_deref().unwrap_or("unknown"),
+                d.files.len()
             ),
         ),
+        Err(e) => finding(Level::Fail, what, e.to_string()),
     }
 }
 

@@ -57,9 +57,12 @@ struct CheckArgs {
     /// Directory of the hand-off keys.
     #[arg(long, default_value = "/etc/tessera/keys")]
     keys_dir: PathBuf,
-    /// Host directory of the NVIDIA driver's files.
+    /// Where this process sees the host's / (the node DaemonSet mounts it at /host).
     #[arg(long, default_value = "/")]
-    driver_root: PathBuf,
+    host_root: PathBuf,
+    /// The NVIDIA driver root as a host path (default: detected as the CDI generator does).
+    #[arg(long)]
+    driver_root: Option<PathBuf>,
     /// Host directory holding `dev/`.
     #[arg(long, default_value = "/")]
     dev_root: PathBuf,
@@ -82,6 +85,7 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
         crio_config: args.crio_config,
         cdi_dirs: args.cdi_dirs,
         keys_dir: args.keys_dir,
+        host_root: args.host_root,
         driver_root: args.driver_root,
         dev_root: args.dev_root,
     });

@@ -765,3 +765,56 @@ async fn recorded_kube_scheduler_requests() -> anyhow::Result<()> {
     assert_eq!(a.node, "gpu-b");
     Ok(())
 }
+
+/// A node whose driver cannot serve containers (the CDI generator found no libcuda) publishes
+/// itself not ready: GPU pods are kept off it with the reason, plain pods are not, and it
+/// comes back when the driver is fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_a_broken_driver_gets_no_gpu_pods() -> anyhow::Result<()> {
+    use tessera_core::inventory::{FixtureSource, InventorySource, PublishedInventory};
+    use tessera_core::names::ANNOTATION_INVENTORY;
+    let (api, mut r) = cluster(&[("h1", "h100x8"), ("h2", "h100x8")]).await?;
+    let share = api.create_pod(&share_pod("share", 30, 8))?;
+    let plain = api.create_pod(&pod("plain", &[("c", &[("cpu", "1")])]))?;
+    let mut inv = FixtureSource::new("h100x8").discover()?;
+    inv.driver_files.retain(|f| f.stem().as_deref() != Some("libcuda"));
+    let broken = PublishedInventory::of(&inv);
+    assert!(broken.not_ready.is_some());
+    assert!(api.patch_node(
+        "h1",
+        &json!({"metadata": {"annotations": {ANNOTATION_INVENTORY: broken.encode()}}})
+    ));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let reply = loop {
+        let (_, reply) = r.http.post_json(&path("filter"), &args(&share, &["h1", "h2"])).await?;
+        if reply["NodeNames"] == json!(["h2"]) {
+            break reply;
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "h1 still offered: {reply}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let why = reply["FailedAndUnresolvableNodes"]["h1"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("GPU driver is not ready") && why.contains("no libcuda"),
+        "{reply}"
+    );
+    let (_, reply) = r.http.post_json(&path("filter"), &args(&plain, &["h1", "h2"])).await?;
+    assert_eq!(reply["NodeNames"], json!(["h1", "h2"]), "{reply}");
+
+    // The driver is fixed: h1 takes GPU pods again.
+    let fixed = PublishedInventory::of(&FixtureSource::new("h100x8").discover()?);
+    assert!(api.patch_node(
+        "h1",
+        &json!({"metadata": {"annotations": {ANNOTATION_INVENTORY: fixed.encode()}}})
+    ));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, reply) = r.http.post_json(&path("filter"), &args(&share, &["h1", "h2"])).await?;
+        if reply["NodeNames"] == json!(["h1", "h2"]) {
+            break;
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "h1 not back: {reply}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tessera_core::handoff::{Allocation, SigningKeys};
-use tessera_core::inventory::PublishedInventory;
+use tessera_core::inventory::{Health, PublishedInventory};
 use tessera_core::ledger::{Booking, Hold, Ledger, LedgerError, NodeCapacity};
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, ANNOTATION_INVENTORY};
 use tessera_core::placement::{EngineConfig, PodDemand, WorkloadLearner};
@@ -54,11 +54,15 @@ pub struct Cluster {
     learning: Mutex<Learning>,
     keys: SigningKeys,
     opts: RequestOptions,
+    /// Nodes whose published driver is not ready, with why.
+    not_ready: Mutex<BTreeMap<String, String>>,
     nodes_synced: AtomicBool,
     pods_synced: AtomicBool,
 }
 
-fn node_capacity(node: &Node) -> NodeCapacity {
+/// Reads a node: its capacity, and why its GPUs cannot be used (the node publishes its
+/// driver as not ready), when they cannot.
+fn node_capacity(node: &Node) -> (NodeCapacity, Option<String>) {
     let name = node.metadata.name.as_deref().unwrap_or_default();
     let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
     let amount = |key: &str| {
@@ -70,27 +74,42 @@ fn node_capacity(node: &Node) -> NodeCapacity {
             }
         })
     };
-    let gpus = match node
+    let (gpus, not_ready) = match node
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(ANNOTATION_INVENTORY))
     {
-        None => Vec::new(),
+        None => (Vec::new(), None),
         Some(v) => match PublishedInventory::decode(v) {
-            Ok(inv) => inv.gpus,
+            Ok(inv) => (inv.gpus, inv.not_ready),
             Err(e) => {
                 warn!(node = name, error = %e, "ignoring the node's {ANNOTATION_INVENTORY} annotation");
-                Vec::new()
+                (Vec::new(), None)
             }
         },
     };
-    NodeCapacity {
+    // A node whose driver cannot serve containers keeps its GPUs in the books (bound pods
+    // stay counted) but offers none.
+    let gpus = match &not_ready {
+        None => gpus,
+        Some(reason) => gpus
+            .into_iter()
+            .map(|mut g| {
+                g.health = Health::Unhealthy {
+                    reason: format!("driver not ready: {reason}"),
+                };
+                g
+            })
+            .collect(),
+    };
+    let cap = NodeCapacity {
         cpu_milli: amount("cpu").map_or(0, Amount::milli_ceil),
         memory_bytes: amount("memory").map_or(0, Amount::ceil),
         gpus,
         schedulable: !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
-    }
+    };
+    (cap, not_ready)
 }
 
 fn refs(v: &[String]) -> Vec<&str> {
@@ -116,6 +135,7 @@ impl Cluster {
             }),
             keys,
             opts,
+            not_ready: Mutex::new(BTreeMap::new()),
             nodes_synced: AtomicBool::new(false),
             pods_synced: AtomicBool::new(false),
         }
@@ -146,7 +166,24 @@ impl Cluster {
         let Some(name) = node.metadata.name.as_deref() else {
             return;
         };
-        let cap = node_capacity(node);
+        let (cap, not_ready) = node_capacity(node);
+        {
+            let mut nr = self.not_ready.lock().unwrap_or_else(|p| p.into_inner());
+            match not_ready {
+                Some(reason) => {
+                    if nr.get(name) != Some(&reason) {
+                        warn!(
+                            node = name,
+                            reason, "the node's GPU driver is not ready: no GPU pods go there"
+                        );
+                    }
+                    nr.insert(name.to_string(), reason);
+                }
+                None => {
+                    nr.remove(name);
+                }
+            }
+        }
         for (uid, e) in self.ledger().set_node(name, cap) {
             warn!(node = name, pod_uid = uid, error = %e, "a booked allocation no longer matches the node");
         }
@@ -155,6 +192,7 @@ impl Cluster {
     /// A node was deleted.
     pub fn node_deleted(&self, name: &str) {
         self.ledger().remove_node(name);
+        self.not_ready.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
     }
 
     /// A full node list was read: nodes not in it are gone.
@@ -164,6 +202,10 @@ impl Cluster {
         for n in known.iter().filter(|n| !names.contains(*n)) {
             l.remove_node(n);
         }
+        self.not_ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|n, _| names.contains(n));
         self.nodes_synced.store(true, Ordering::Release);
     }
 
@@ -269,9 +311,19 @@ impl Cluster {
     /// Filters and scores `candidates` for `ask`.
     pub fn filter(&self, ask: &PodAsk, candidates: &[&str]) -> FilterOutcome {
         let mut out = FilterOutcome::default();
+        let not_ready = self.not_ready.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut l = self.ledger();
         let mut positions = Vec::with_capacity(candidates.len());
         for &name in candidates {
+            if ask.demand.wants_cards()
+                && let Some(reason) = not_ready.get(name)
+            {
+                out.unresolvable.insert(
+                    name.to_string(),
+                    format!("the node's GPU driver is not ready: {reason}"),
+                );
+                continue;
+            }
             match l.node_index(name) {
                 Some(i) => positions.push(i),
                 None => {

@@ -72,7 +72,8 @@ fn a_bare_node_fails_every_node_check_with_a_reason() {
         crio_config: dir.path().join("crio.conf"),
         cdi_dirs: vec![dir.path().join("cdi")],
         keys_dir: dir.path().join("keys"),
-        driver_root: dir.path().to_path_buf(),
+        host_root: dir.path().to_path_buf(),
+        driver_root: None,
         dev_root: dir.path().to_path_buf(),
     });
     assert_eq!(
@@ -87,4 +88,51 @@ fn a_bare_node_fails_every_node_check_with_a_reason() {
     );
     assert!(f[0].detail.contains("absent"), "{}", f[0]);
     assert!(f[3].detail.contains("nvidiactl"), "{}", f[3]);
+}
+
+/// The node: NVML reachable through a link, no libcuda anywhere, and a spec that
+/// mounts no libcuda. Both checks fail, naming what is missing; with libcuda they pass.
+#[test]
+fn a_node_without_libcuda_is_not_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path();
+    std::fs::create_dir_all(host.join("dev")).unwrap();
+    std::fs::write(host.join("dev/nvidiactl"), b"").unwrap();
+    let lib = host.join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(lib.join("libnvidia-ml.so.580.95.05"), b"x").unwrap();
+    std::os::unix::fs::symlink("libnvidia-ml.so.580.95.05", host.join("usr/lib/libnvidia-ml.so.1")).unwrap();
+    let cdi = host.join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    let spec = serde_json::json!({
+        "cdiVersion": "0.5.0", "kind": CDI_KIND,
+        "devices": [{"name": "all", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]}}],
+        "containerEdits": {"mounts": [{"hostPath": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05",
+            "containerPath": "/usr/local/nvidia/lib64/libnvidia-ml.so.1", "options": ["ro", "bind"]}]}
+    });
+    std::fs::write(cdi.join("tessera.io-gpu.json"), spec.to_string()).unwrap();
+    let opts = CheckOptions {
+        socket: host.join("nri.sock"),
+        containerd_config: host.join("none"),
+        crio_config: host.join("none"),
+        cdi_dirs: vec![cdi.clone()],
+        keys_dir: host.join("keys"),
+        host_root: host.to_path_buf(),
+        driver_root: None,
+        dev_root: host.to_path_buf(),
+    };
+    let f = run(&opts);
+    let get = |f: &[Finding], what: &str| f.iter().find(|x| x.what == what).cloned().unwrap();
+    let (c, d) = (get(&f, "CDI spec"), get(&f, "NVIDIA driver"));
+    assert_eq!((c.level, d.level), (Level::Fail, Level::Fail), "{c}\n{d}");
+    assert!(c.detail.contains("mounts no libcuda.so.1"), "{c}");
+    assert!(d.detail.contains("no libcuda found under driver root /"), "{d}");
+
+    // Install libcuda: the driver check passes (the stale spec still fails).
+    std::fs::write(lib.join("libcuda.so.580.95.05"), b"x").unwrap();
+    let f = run(&opts);
+    let d = get(&f, "NVIDIA driver");
+    assert_eq!(d.level, Level::Ok, "{d}");
+    assert!(d.detail.contains("version 580.95.05"), "{d}");
+    assert_eq!(get(&f, "CDI spec").level, Level::Fail);
 }
