@@ -12,13 +12,12 @@ use crate::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, CDI_K
 pub const ALLOCATED_PREFIX: &str = "tessera.io/allocated.";
 /// Container annotation recording what was injected.
 pub const ANNOTATION_INJECTED: &str = "tessera.io/injected";
-/// Environment variables that could expose GPUs through other mechanisms; neutralised for
-/// containers without an allocation.
-pub const GPU_EXPOSING_ENV: [&str; 3] = [
-    "NVIDIA_VISIBLE_DEVICES",
-    "CUDA_VISIBLE_DEVICES",
-    "NVIDIA_DRIVER_CAPABILITIES",
-];
+/// Environment variables that could expose GPUs through other mechanisms, and the value that
+/// neutralises each in a container without an allocation. Values, not removals: containerd 1.7
+/// and 2.x both keep a variable whose NRI removal (`-KEY`) was asked for. `void` makes an
+/// nvidia runtime, if one is installed, add no device (and makes its
+/// `NVIDIA_DRIVER_CAPABILITIES` moot); an empty `CUDA_VISIBLE_DEVICES` makes CUDA see none.
+pub const GPU_EXPOSING_ENV: [(&str, &str); 2] = [("NVIDIA_VISIBLE_DEVICES", "void"), ("CUDA_VISIBLE_DEVICES", "")];
 
 /// What to do with one container.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! The NRI plugin on real containerd (1.7 and 2.x): every container gets exactly what its
 //! signed allocation says, and nothing without one.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -138,6 +138,18 @@ async fn run_checked(c: &mut Containerd, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs a container whose command prints its environment, and checks what it really saw: no
+/// GPU through any stack's variable (not merely that a removal was asked for).
+async fn assert_gpu_env_neutralised(c: &mut Containerd, id: &str) -> anyhow::Result<()> {
+    let (code, out) = c.run_to_exit(id).await?;
+    anyhow::ensure!(code == 0, "container {id} exited {code}: {out}");
+    let env: BTreeMap<&str, &str> = out.lines().filter_map(|l| l.split_once('=')).collect();
+    assert_eq!(env.get("NVIDIA_VISIBLE_DEVICES"), Some(&"void"), "{out}");
+    // Set and empty: CUDA sees no device ("" hides them all; unset would show all).
+    assert_eq!(env.get("CUDA_VISIBLE_DEVICES"), Some(&""), "{out}");
+    Ok(())
+}
+
 async fn nri(version: Version) -> anyhow::Result<()> {
     let mut e = Env::new(version).await?;
     let plugin = e.plugin();
@@ -249,18 +261,13 @@ async fn nri(version: Version) -> anyhow::Result<()> {
                 .annotation("tessera.io/allocated.gpu-core", "100"),
         )
         .await?;
+    // The third container asks for nothing and carries the env other GPU stacks read.
     let side =
         e.c.create_container(
             &pod,
-            ContainerSpec::new(
-                "side",
-                &[
-                    "sh",
-                    "-c",
-                    "test ! -e /dev/nvidia1 && test ! -e /dev/nvidia2 && test \"$NVIDIA_VISIBLE_DEVICES\" = void",
-                ],
-            )
-            .env("NVIDIA_VISIBLE_DEVICES", "all"),
+            ContainerSpec::new("side", &["env"])
+                .env("NVIDIA_VISIBLE_DEVICES", "all")
+                .env("CUDA_VISIBLE_DEVICES", "0"),
         )
         .await?;
     assert_eq!(
@@ -271,30 +278,25 @@ async fn nri(version: Version) -> anyhow::Result<()> {
         nodes(&e.c.oci_spec(&b).await?),
         BTreeSet::from(["/dev/nvidia2".to_string()])
     );
-    let s = e.c.oci_spec(&side).await?;
-    assert!(nodes(&s).is_empty() && has_env(&s, "NVIDIA_VISIBLE_DEVICES=void"));
-    for id in [a, b, side] {
+    assert!(nodes(&e.c.oci_spec(&side).await?).is_empty());
+    for id in [a, b] {
         run_checked(&mut e.c, &id).await?;
     }
+    assert_gpu_env_neutralised(&mut e.c, &side).await?;
 
     // A pod with no allocation at all, asking for nothing: no GPU, GPU env neutralised.
     let plain = e.c.run_pod("plain", &[]).await?;
     let cid =
         e.c.create_container(
             &plain,
-            ContainerSpec::new(
-                "main",
-                &[
-                    "sh",
-                    "-c",
-                    "test ! -e /dev/nvidiactl && test \"$NVIDIA_VISIBLE_DEVICES\" = void",
-                ],
-            )
-            .env("NVIDIA_VISIBLE_DEVICES", "all"),
+            ContainerSpec::new("main", &["sh", "-c", "test ! -e /dev/nvidiactl && env"])
+                .env("NVIDIA_VISIBLE_DEVICES", "all")
+                .env("CUDA_VISIBLE_DEVICES", "0,1")
+                .env("NVIDIA_DRIVER_CAPABILITIES", "all"),
         )
         .await?;
     assert!(nodes(&e.c.oci_spec(&cid).await?).is_empty());
-    run_checked(&mut e.c, &cid).await?;
+    assert_gpu_env_neutralised(&mut e.c, &cid).await?;
 
     // Forged, other node, and asked-but-unallocated containers fail to create, saying why.
     let pod = e
