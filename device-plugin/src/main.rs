@@ -19,6 +19,12 @@ struct Cli {
     /// Fixture file (or built-in name) instead of NVML.
     #[arg(long)]
     fixture: Option<PathBuf>,
+    /// Where this process sees the host's / (the node DaemonSet mounts it at /host).
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
+    /// Host directory of the NVIDIA driver (default: detected).
+    #[arg(long)]
+    driver_root: Option<PathBuf>,
     /// Inventory poll interval, seconds.
     #[arg(long, default_value_t = 30)]
     poll_secs: u64,
@@ -39,7 +45,11 @@ async fn main() -> anyhow::Result<()> {
     }
     let source = match cli.fixture {
         Some(f) => Source::Fixture(FixtureSource::new(f)),
-        None => Source::Nvml(Box::new(NvmlSource::default())),
+        None => Source::Nvml(Box::new(NvmlSource {
+            host_root: cli.host_root,
+            driver_root: cli.driver_root,
+            ..Default::default()
+        })),
     };
     let config = Config {
         plugin_dir: cli.plugin_dir,

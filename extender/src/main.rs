@@ -43,9 +43,9 @@ struct ManifestArgs {
     /// Extender replicas.
     #[arg(long, default_value_t = 2)]
     replicas: i32,
-    /// Host directory of the NVIDIA driver files.
-    #[arg(long, default_value = "/")]
-    driver_root: String,
+    /// Host directory of the NVIDIA driver files (default: each node detects it).
+    #[arg(long)]
+    driver_root: Option<String>,
     /// Print only the KubeSchedulerConfiguration.
     #[arg(long)]
     scheduler_config: bool,

@@ -32,8 +32,8 @@ pub struct ManifestOptions {
     pub replicas: i32,
     /// Label that marks GPU nodes for the node DaemonSet.
     pub node_selector: (String, String),
-    /// Host directory of the NVIDIA driver files.
-    pub driver_root: String,
+    /// Host directory of the NVIDIA driver files; `None` lets each node detect it.
+    pub driver_root: Option<String>,
 }
 
 impl Default for ManifestOptions {
@@ -44,7 +44,7 @@ impl Default for ManifestOptions {
             scheduler_image: "registry.k8s.io/kube-scheduler:v1.33.0".into(),
             replicas: 2,
             node_selector: ("tessera.io/gpu-node".into(), "true".into()),
-            driver_root: "/".into(),
+            driver_root: None,
         }
     }
 }
@@ -475,6 +475,17 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
         run_as_user: Some(0),
         ..Default::default()
     };
+    // The node agents read the host (driver files wherever the node keeps them, the ld cache,
+    // runtime configs) under /host and write host paths into the CDI spec. HostToContainer:
+    // a driver container's /run/nvidia/driver mounted later is seen too.
+    let host_root_mount = VolumeMount {
+        mount_propagation: Some("HostToContainer".into()),
+        ..mount("host-root", "/host", true)
+    };
+    let mut node_args = vec!["--host-root=/host".to_string()];
+    if let Some(root) = &opts.driver_root {
+        node_args.push(format!("--driver-root={root}"));
+    }
     let container = |name: &str, cmd: &str, args: Vec<String>, mounts: Vec<VolumeMount>| Container {
         name: name.into(),
         image: Some(opts.image.clone()),
@@ -509,25 +520,21 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                         container(
                             "cdi-generator",
                             "tessera-cdi-generator",
-                            vec![
-                                "run".into(),
-                                "--cdi-dir=/var/run/cdi".into(),
-                                "--driver-root=/host/driver".into(),
-                            ],
+                            [vec!["run".into(), "--cdi-dir=/var/run/cdi".into()], node_args.clone()].concat(),
                             vec![
                                 mount("cdi", "/var/run/cdi", false),
                                 mount("dev", "/dev", false),
-                                mount("driver", "/host/driver", true),
+                                host_root_mount.clone(),
                             ],
                         ),
                         container(
                             "device-plugin",
                             "tessera-device-plugin",
-                            vec![],
+                            node_args.clone(),
                             vec![
                                 mount("device-plugins", "/var/lib/kubelet/device-plugins", false),
                                 mount("dev", "/dev", false),
-                                mount("driver", "/host/driver", true),
+                                host_root_mount.clone(),
                             ],
                         ),
                         container(
@@ -545,8 +552,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                                 mount("cdi", "/var/run/cdi", true),
                                 mount("handoff-keys", "/etc/tessera/keys", true),
                                 // For `tessera-nri-plugin check`: runtime configs, driver, /dev.
-                                mount("host-etc", "/host/etc", true),
-                                mount("driver", "/host/driver", true),
+                                host_root_mount.clone(),
                                 mount("dev", "/dev", true),
                             ],
                         ),
@@ -556,8 +562,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                         host_path("device-plugins", "/var/lib/kubelet/device-plugins", "Directory"),
                         host_path("nri", "/var/run/nri", "DirectoryOrCreate"),
                         host_path("dev", "/dev", "Directory"),
-                        host_path("driver", &opts.driver_root, "Directory"),
-                        host_path("host-etc", "/etc", "Directory"),
+                        host_path("host-root", "/", "Directory"),
                         keys_volume(),
                     ]),
                     ..Default::default()
