@@ -15,8 +15,10 @@ cache="$(cd "$cache" && pwd)"
 exec 9>"$cache/.lock"
 flock 9
 
-if [ -f "$cache/ready-v2" ] && [ -z "${TESSERA_REFRESH_RUNTIMES:-}" ]; then
-  cat "$cache/ready-v2"
+# The ready file names paths relative to the cache (`@`), so a copied cache works anywhere.
+ready="$cache/ready-v3"
+if [ -f "$ready" ] && [ -z "${TESSERA_REFRESH_RUNTIMES:-}" ]; then
+  sed "s|@|$cache|" "$ready"
   exit 0
 fi
 
@@ -63,41 +65,23 @@ extract containerd-2 containerd "$v2"
 extract runc runc "$vrunc"
 extract busybox busybox-static "$vbusybox"
 
-# A one-layer OCI image (image-layout tarball): busybox and the links the tests use. Its
-# default command blocks, so it also serves as the sandbox (pause) image. Bump the ready-vN
-# marker when the recipe changes.
+# A one-layer OCI image: busybox and the links the tests use. Its default command blocks, so
+# it also serves as the sandbox (pause) image. Bump the ready-vN marker when the recipe changes.
 img="$cache/image.work"
-rm -rf "$img" && mkdir -p "$img/rootfs/bin" "$img/rootfs/etc" "$img/rootfs/tmp" "$img/layout/blobs/sha256"
-cp "$cache/busybox/bin/busybox" "$img/rootfs/bin/busybox"
-for l in sh sleep env ls cat true false echo test grep stat; do ln -s busybox "$img/rootfs/bin/$l"; done
-echo 'root:x:0:0:root:/root:/bin/sh' > "$img/rootfs/etc/passwd"
-echo 'root:x:0:' > "$img/rootfs/etc/group"
-tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf "$img/layer.tar" -C "$img/rootfs" .
-blob() { # FILE -> moves into blobs, prints "digest size"
-  local d; d="$(sha256sum "$1" | cut -d' ' -f1)"
-  local s; s="$(stat -c %s "$1")"
-  mv "$1" "$img/layout/blobs/sha256/$d"
-  echo "$d $s"
-}
-read -r layer_d layer_s < <(blob "$img/layer.tar")
-printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/bin"],"Cmd":["sleep","2147483647"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
-  "$layer_d" > "$img/config.json"
-read -r config_d config_s < <(blob "$img/config.json")
-printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}]}' \
-  "$config_d" "$config_s" "$layer_d" "$layer_s" > "$img/manifest.json"
-read -r manifest_d manifest_s < <(blob "$img/manifest.json")
-printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"platform":{"architecture":"amd64","os":"linux"},"annotations":{"io.containerd.image.name":"docker.io/tessera/busybox:test","org.opencontainers.image.ref.name":"test"}}]}' \
-  "$manifest_d" "$manifest_s" > "$img/layout/index.json"
-echo '{"imageLayoutVersion":"1.0.0"}' > "$img/layout/oci-layout"
-tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf "$cache/busybox-image.tar" -C "$img/layout" .
+rm -rf "$img" && mkdir -p "$img/bin" "$img/etc" "$img/tmp"
+cp "$cache/busybox/bin/busybox" "$img/bin/busybox"
+for l in sh sleep env ls cat true false echo test grep stat readlink; do ln -s busybox "$img/bin/$l"; done
+echo 'root:x:0:0:root:/root:/bin/sh' > "$img/etc/passwd"
+echo 'root:x:0:' > "$img/etc/group"
+bash "$here/oci-image.sh" "$img" docker.io/tessera/busybox:test "$cache/busybox-image.tar"
 rm -rf "$img"
 
-cat > "$cache/ready-v2.tmp" <<READY
-containerd-1.7 $v17 $cache/containerd-1.7/usr/bin
-containerd-2 $v2 $cache/containerd-2/usr/bin
-runc $vrunc $cache/runc/usr/sbin/runc
-busybox $vbusybox $cache/busybox/bin/busybox
-image docker.io/tessera/busybox:test $cache/busybox-image.tar
+cat > "$ready.tmp" <<READY
+containerd-1.7 $v17 @/containerd-1.7/usr/bin
+containerd-2 $v2 @/containerd-2/usr/bin
+runc $vrunc @/runc/usr/sbin/runc
+busybox $vbusybox @/busybox/bin/busybox
+image docker.io/tessera/busybox:test @/busybox-image.tar
 READY
-mv "$cache/ready-v2.tmp" "$cache/ready-v2"
-cat "$cache/ready-v2"
+mv "$ready.tmp" "$ready"
+sed "s|@|$cache|" "$ready"

@@ -45,6 +45,15 @@ impl Runtimes {
     }
 
     fn fetch() -> anyhow::Result<Runtimes> {
+        // A cache carried to another machine (no network there): read its ready file.
+        if let Some(cache) = std::env::var_os("TESSERA_RUNTIME_CACHE").map(PathBuf::from)
+            && let Ok(text) = std::fs::read_to_string(cache.join("ready-v3"))
+        {
+            return Self::parse(
+                &text.replace('@', &cache.display().to_string()),
+                &cache.join("ready-v3"),
+            );
+        }
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("runtimes/fetch.sh");
         let out = Command::new("bash")
             .arg(&script)
@@ -53,8 +62,13 @@ impl Runtimes {
         if !out.status.success() {
             bail!("{} failed:\n{}", script.display(), String::from_utf8_lossy(&out.stderr));
         }
+        Self::parse(&String::from_utf8_lossy(&out.stdout), &script)
+    }
+
+    fn parse(text: &str, source: &Path) -> anyhow::Result<Runtimes> {
+        let script = source;
         let mut entries = HashMap::new();
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
+        for line in text.lines() {
             let mut parts = line.splitn(3, ' ');
             if let (Some(name), Some(version), Some(path)) = (parts.next(), parts.next(), parts.next()) {
                 entries.insert(name.to_string(), (version.to_string(), PathBuf::from(path)));

@@ -52,6 +52,8 @@ pub struct ContainerSpec {
     pub annotations: Vec<(String, String)>,
     /// Fully qualified CDI device names (CRI field 17).
     pub cdi_devices: Vec<String>,
+    /// Image (default: the harness's busybox image); see [`Containerd::import_image`].
+    pub image: Option<String>,
 }
 
 impl ContainerSpec {
@@ -73,6 +75,12 @@ impl ContainerSpec {
     /// Adds a CRI annotation.
     pub fn annotation(mut self, k: &str, v: &str) -> Self {
         self.annotations.push((k.into(), v.into()));
+        self
+    }
+
+    /// Runs in another image, imported with [`Containerd::import_image`].
+    pub fn image(mut self, name: &str) -> Self {
+        self.image = Some(name.into());
         self
     }
 
@@ -185,6 +193,12 @@ impl Containerd {
             bail!("ctr {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Imports an OCI image-layout tarball (`tests/runtimes/oci-image.sh` makes them).
+    pub fn import_image(&self, tar: &Path) -> anyhow::Result<()> {
+        self.ctr(&["images", "import", &tar.display().to_string()])?;
+        Ok(())
     }
 
     /// Starts the daemon (again, after [`Containerd::stop_daemon`]) and waits for CRI.
@@ -313,7 +327,8 @@ impl Containerd {
 
     /// Creates a container in `pod`; returns its id or the runtime's error.
     pub async fn create_container(&mut self, pod: &Pod, spec: ContainerSpec) -> anyhow::Result<String> {
-        let (image, _) = self.runtimes.image();
+        let (default_image, _) = self.runtimes.image();
+        let image = spec.image.as_deref().unwrap_or(default_image);
         let config = cri::ContainerConfig {
             metadata: Some(cri::ContainerMetadata {
                 name: spec.name.clone(),

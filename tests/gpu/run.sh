@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Tessera's node stack on a real GPU: the CDI spec generated with no flags, the NRI plugin on
+# containerd 1.7 and 2.x, containers created through CRI, and what CUDA sees inside them.
+# Prints a table: runtime | case | expected | PASS/FAIL | observed. Exits 1 if a case fails.
+#
+# Not part of .ci/run (CI has no GPU). On a machine with an NVIDIA GPU, driver, nvcc, root and
+# no network, from the repository root:
+#
+#   bash tests/gpu/pack.sh        # on a machine with network: builds .cache/gpu/bundle.tar.xz
+#   bash tests/gpu/run.sh         # on the GPU machine (carry .cache/gpu there)
+#   bash tests/gpu/run.sh --dry-run   # anywhere: the same cases on a fixture node, no CUDA
+#
+# The bundle holds the release binaries (stripped), containerd 1.7 and 2.x, runc and busybox
+# from the harness's cache. The CUDA probe (tests/gpu/probe.cu) is built here with nvcc and
+# packed into an image with the C libraries it and nvidia-smi need; the driver's libraries come
+# only from Tessera's injection. The table is also written to $OUT/gpu-table.txt when OUT is set.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+dry=""
+[ "${1:-}" = "--dry-run" ] && dry=1
+bundle="$repo/.cache/gpu/bundle.tar.xz"
+[ -f "$bundle" ] || { echo "run.sh: $bundle is missing: run tests/gpu/pack.sh first" >&2; exit 2; }
+work="$(mktemp -d /tmp/tgpu.XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+tar -xJf "$bundle" -C "$work"
+export TESSERA_RUNTIME_CACHE="$work/runtimes"
+
+echo "== machine: $(uname -r), $(nproc) cores"
+if [ -z "$dry" ]; then
+  command -v nvidia-smi >/dev/null || { echo "run.sh: no nvidia-smi: not a GPU machine (use --dry-run)" >&2; exit 2; }
+  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader
+fi
+
+# The probe image: busybox, the probe, and the C libraries the probe and nvidia-smi link.
+root="$work/probe-root"
+mkdir -p "$root/bin" "$root/etc" "$root/tmp"
+cp "$work/runtimes/busybox/bin/busybox" "$root/bin/busybox"
+for l in sh env ls wc grep cat echo test sleep; do ln -s busybox "$root/bin/$l"; done
+echo 'root:x:0:0:root:/root:/bin/sh' > "$root/etc/passwd"
+echo 'root:x:0:' > "$root/etc/group"
+if [ -n "$dry" ]; then
+  cat > "$root/probe" <<'PROBE'
+#!/bin/sh
+# Dry-run stand-in for the CUDA probe: counts GPU device nodes; reports the driver mount.
+n=0
+for d in /dev/nvidia[0-9]*; do [ -e "$d" ] && n=$((n+1)); done
+echo "devices=$n"
+[ -f /usr/local/nvidia/lib64/libcuda.so.1 ] && echo "name=libcuda.so.1 mounted"
+exit 0
+PROBE
+  chmod +x "$root/probe"
+else
+  nvcc -O2 -o "$root/probe" "$repo/tests/gpu/probe.cu"
+  for bin in "$root/probe" "$(command -v nvidia-smi)"; do
+    ldd "$bin" | awk '/=>/ {print $3} !/=>/ && /^\t\// {print $1}' | grep -v -E 'libnvidia|libcuda' |
+      while read -r lib; do
+        [ -n "$lib" ] && [ -e "$lib" ] || continue
+        mkdir -p "$root$(dirname "$lib")"
+        cp -L "$lib" "$root$lib"
+      done
+  done
+fi
+bash "$repo/tests/runtimes/oci-image.sh" "$root" docker.io/tessera/probe:gpu "$work/probe.tar"
+
+out="${OUT:-$work}/gpu-table.txt"
+"$work/bin/tessera-gpu-e2e" --bin-dir "$work/bin" --probe-image "$work/probe.tar" ${dry:+--dry-run} --out "$out"
