@@ -14,6 +14,7 @@ use std::collections::{BTreeSet, HashMap};
 use rustc_hash::FxHashMap;
 use thiserror::Error;
 
+use crate::enforcement::ShareEnforcement;
 use crate::handoff::{AllocatedDevice, Allocation, ContainerAllocation};
 use crate::inventory::Gpu;
 use crate::placement::{
@@ -32,6 +33,8 @@ pub struct NodeCapacity {
     pub gpus: Vec<Gpu>,
     /// False when cordoned.
     pub schedulable: bool,
+    /// How the node holds shares to their limits (published with its inventory).
+    pub share_enforcement: ShareEnforcement,
 }
 
 /// Whether a booking is confirmed by the API server.
@@ -78,6 +81,9 @@ pub enum LedgerError {
         /// The device UUID.
         uuid: String,
     },
+    /// The pod is bound to another node (a stray or stale bind must not move its cards).
+    #[error("pod is already bound to node {0:?}")]
+    AlreadyBound(String),
     /// An allocation names a container the pod does not have (or gives cards to one that asked
     /// for none).
     #[error("allocation names container {0:?}, which asks for no GPU in the pod spec")]
@@ -158,6 +164,7 @@ impl Ledger {
             memory_used: 0,
             cards,
             schedulable: capacity.schedulable,
+            enforcement: capacity.share_enforcement,
         };
         let i = self.engine.cluster.add_node(node);
         self.capacity.insert(name.to_string(), capacity);
@@ -195,6 +202,7 @@ impl Ledger {
                 memory_used: 0,
                 cards: Vec::new(),
                 schedulable: false,
+                enforcement: Default::default(),
             };
             self.engine.node_changed(i);
         }
@@ -262,10 +270,15 @@ impl Ledger {
         demand: &PodDemand,
         core_limit: Option<u32>,
     ) -> Result<Option<Allocation>, LedgerError> {
-        if let Some(b) = self.bookings.get(uid)
-            && b.node == node
-        {
-            return Ok(b.allocation.clone());
+        if let Some(b) = self.bookings.get(uid) {
+            if b.node == node {
+                return Ok(b.allocation.clone());
+            }
+            // A reservation elsewhere is a bind that failed or was given up: replaced. A pod
+            // bound elsewhere keeps its cards.
+            if b.hold == Hold::Bound {
+                return Err(LedgerError::AlreadyBound(b.node.clone()));
+            }
         }
         self.unbook(uid);
         let i = self
@@ -383,8 +396,9 @@ pub fn usage_of(node: &NodeState, demand: &PodDemand, allocation: &Allocation) -
         node: node.name.clone(),
         uuid: uuid.to_string(),
     };
-    // Per container (by demand index): its devices as (card, core, memory, mig slot).
-    type Held = (usize, u32, u64, Option<usize>);
+    // Per container (by demand index): its devices as (card, core, memory, mig slot, share
+    // user).
+    type Held = (usize, u32, u64, Option<usize>, Option<Option<u32>>);
     let mut per_container: Vec<Vec<Held>> = vec![Vec::new(); demand.containers.len()];
     for ca in &allocation.containers {
         let ci = demand
@@ -402,15 +416,22 @@ pub fn usage_of(node: &NodeState, demand: &PodDemand, allocation: &Allocation) -
                 AllocatedDevice::Gpu {
                     core_percent,
                     memory_mib,
+                    exclusive,
                     ..
-                } => (card, core_percent * CARD_MILLI / 100, *memory_mib, None),
+                } => (
+                    card,
+                    core_percent * CARD_MILLI / 100,
+                    *memory_mib,
+                    None,
+                    (!exclusive).then_some(demand.containers[ci].run_as_user),
+                ),
                 AllocatedDevice::Mig { uuid, .. } => {
                     let slot = node.cards[card]
                         .mig
                         .as_ref()
                         .and_then(|s| s.iter().position(|m| &m.uuid == uuid))
                         .ok_or_else(|| unknown(uuid))?;
-                    (card, 0, 0, Some(slot))
+                    (card, 0, 0, Some(slot), None)
                 }
             });
         }
@@ -419,17 +440,19 @@ pub fn usage_of(node: &NodeState, demand: &PodDemand, allocation: &Allocation) -
     for phase in &demand.phases {
         let mut phase_usage: PodUsage = PodUsage::new();
         for &ci in phase {
-            for &(card, core, mem, slot) in &per_container[ci] {
+            for &(card, core, mem, slot, user) in &per_container[ci] {
                 let u = phase_usage.entry(card).or_default();
                 u.core_milli += core;
                 u.memory_mib += mem;
                 u.mig_slots.extend(slot);
+                u.share_user = u.share_user.or(user);
             }
         }
         for (card, pu) in phase_usage {
             let u: &mut CardUsage = usage.entry(card).or_default();
             u.core_milli = u.core_milli.max(pu.core_milli);
             u.memory_mib = u.memory_mib.max(pu.memory_mib);
+            u.share_user = u.share_user.or(pu.share_user);
             for s in pu.mig_slots {
                 if !u.mig_slots.contains(&s) {
                     u.mig_slots.push(s);

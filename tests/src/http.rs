@@ -35,9 +35,13 @@ impl JsonClient {
     /// the body bytes.
     pub async fn request(&mut self, path: &str, body: Option<Vec<u8>>) -> anyhow::Result<(u16, Vec<u8>)> {
         // A connection the server closed after its last reply fails the next request before
-        // it is sent (hyper reports it as canceled): reconnect once.
+        // it is sent (hyper reports it as canceled, or the connection as closed): reconnect
+        // once.
         match self.send(path, body.clone()).await {
-            Err(e) if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_canceled) => {
+            Err(e)
+                if e.downcast_ref::<hyper::Error>()
+                    .is_some_and(|h| h.is_canceled() || h.is_closed()) =>
+            {
                 self.sender = None;
                 self.send(path, body).await
             }
@@ -84,4 +88,56 @@ impl JsonClient {
     pub async fn get_status(&mut self, path: &str) -> anyhow::Result<u16> {
         Ok(self.request(path, None).await?.0)
     }
+}
+
+/// POSTs a body larger than the server accepts, as Go's client (kube-scheduler's) does: the
+/// body is written in the background while the reply is read, so a server that answers early
+/// (413) and resets the connection is still heard. Returns the status line's code and the body.
+pub async fn post_oversized(addr: SocketAddr, path: &str, body: Vec<u8>) -> anyhow::Result<(u16, Vec<u8>)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let (mut rd, mut wr) = stream.into_split();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let writer = tokio::spawn(async move {
+        // The server may stop reading and reset the connection: that is its answer.
+        let _ = wr.write_all(head.as_bytes()).await;
+        let _ = wr.write_all(&body).await;
+    });
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match rd.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+            // The reset after the reply: what was read is the reply.
+            Err(e) if !reply.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => return Err(e.into()),
+        }
+        if let Some(end) = reply.windows(4).position(|w| w == b"\r\n\r\n") {
+            let headers = String::from_utf8_lossy(&reply[..end]).to_ascii_lowercase();
+            let len = headers
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            if len.is_some_and(|l| reply.len() >= end + 4 + l) {
+                break;
+            }
+        }
+    }
+    writer.abort();
+    let text = String::from_utf8_lossy(&reply);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no HTTP status in {:?}", text.chars().take(80).collect::<String>()))?;
+    let body = reply
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| reply[i + 4..].to_vec())
+        .unwrap_or_default();
+    Ok((status, body))
 }

@@ -15,6 +15,7 @@ fn capacity(fixture: &str) -> NodeCapacity {
         memory_bytes: 512 << 30,
         gpus: inv.gpus,
         schedulable: true,
+        share_enforcement: Default::default(),
     }
 }
 
@@ -94,6 +95,23 @@ fn reserve_books_what_the_allocation_says_and_unbook_frees_it() {
     l.unbook("u1").unwrap();
     assert_eq!(used(&l, "h"), before);
     assert!(l.unbook("u1").is_none(), "unbooking twice is harmless");
+}
+
+#[test]
+fn a_bound_pod_keeps_its_cards_when_a_stale_bind_names_another_node() {
+    let mut l = ledger();
+    let demand = share(300, 8192);
+    l.reserve("u1", "h", &demand, None).unwrap();
+    // A reservation on another node (a failed bind retried elsewhere) moves the pod.
+    assert!(l.reserve("u1", "a", &PodDemand::default(), None).is_ok());
+    assert_eq!(l.booking("u1").unwrap().node, "a");
+    l.reserve("u1", "h", &demand, None).unwrap();
+    let held = used(&l, "h");
+    // Once bound, it does not move.
+    l.confirm("u1");
+    let err = l.reserve("u1", "a", &PodDemand::default(), None).unwrap_err();
+    assert_eq!(err.to_string(), "pod is already bound to node \"h\"");
+    assert_eq!((l.booking("u1").unwrap().node.as_str(), used(&l, "h")), ("h", held));
 }
 
 #[test]

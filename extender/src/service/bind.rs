@@ -150,6 +150,7 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
     .await;
     match result {
         Ok(()) => {
+            svc.cluster.confirm(&uid);
             info!(
                 pod = args.pod_name,
                 namespace = args.pod_namespace,
@@ -164,6 +165,7 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
                 && now.metadata.uid.as_deref() == Some(uid.as_str())
                 && now.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(args.node.as_str())
             {
+                svc.cluster.confirm(&uid);
                 return Ok(());
             }
             warn!(pod = args.pod_name, namespace = args.pod_namespace, node = args.node, error = %e, "bind failed; reservation released");
