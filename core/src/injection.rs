@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
+use crate::enforcement::ShareEnforcement;
 use crate::handoff::{AllocatedDevice, Allocation, HandoffError, SigningKeys};
 use crate::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, CDI_KIND};
 
@@ -37,6 +38,9 @@ pub struct Grant {
     pub env: BTreeMap<String, String>,
     /// UUIDs injected (for the `tessera.io/injected` annotation).
     pub uuids: Vec<String>,
+    /// For a container with a share: what holds it to its limits (`None` on nodes that run
+    /// shares unenforced).
+    pub enforced_by: Option<ShareEnforcement>,
 }
 
 /// Why a container that asked for Tessera resources must not be created.
@@ -57,6 +61,13 @@ pub enum InjectionError {
         "the pod's allocation gives container {container:?} GPUs, but the kubelet allocated it no Tessera resource"
     )]
     NotRequested { container: String },
+    /// The node enforces shares but the card's enforcement is not running (fail closed).
+    #[error("container {container:?}: its share of {uuid} cannot be enforced: {reason}; refusing the share")]
+    Unenforceable {
+        container: String,
+        uuid: String,
+        reason: String,
+    },
     /// Amounts differ between the kubelet and the hand-off.
     #[error("container {container:?}: the kubelet allocated {resource}={kubelet} but the allocation gives {handoff}")]
     Mismatch {
@@ -68,14 +79,15 @@ pub enum InjectionError {
 }
 
 /// Inputs about the node.
-#[derive(Debug, Clone)]
 pub struct NodeContext<'a> {
     /// This node's name.
     pub node: &'a str,
     /// Verification keys.
     pub keys: &'a SigningKeys,
-    /// Whether the node runs an MPS control daemon.
-    pub mps: bool,
+    /// How the node holds shares to their limits.
+    pub enforcement: ShareEnforcement,
+    /// Whether the enforcement of a card (by UUID) is up now; the error says why not.
+    pub share_ready: &'a dyn Fn(&str) -> Result<(), String>,
 }
 
 fn kubelet_amounts(container_annotations: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
@@ -146,14 +158,27 @@ pub fn decide(
                     grant
                         .env
                         .insert("TESSERA_GPU_MEMORY_LIMIT_MIB".into(), memory_mib.to_string());
-                    if ctx.mps {
-                        grant
-                            .env
-                            .insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), limit.to_string());
-                        grant.env.insert(
-                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(),
-                            format!("{uuid}={memory_mib}M"),
-                        );
+                    match ctx.enforcement {
+                        ShareEnforcement::Mps => {
+                            (ctx.share_ready)(uuid).map_err(|reason| InjectionError::Unenforceable {
+                                container: container.into(),
+                                uuid: uuid.clone(),
+                                reason,
+                            })?;
+                            // The card's daemon (the share device's CDI edits connect the
+                            // container to it) holds each client process to these.
+                            grant
+                                .env
+                                .insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), limit.to_string());
+                            grant.env.insert(
+                                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(),
+                                format!("{uuid}={memory_mib}M"),
+                            );
+                            grant.enforced_by = Some(ShareEnforcement::Mps);
+                        }
+                        ShareEnforcement::None | ShareEnforcement::Unknown => {
+                            grant.enforced_by = Some(ShareEnforcement::None);
+                        }
                     }
                 }
                 visible.push(uuid.clone());

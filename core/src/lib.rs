@@ -2,6 +2,7 @@
 //! ([`inventory`], [`driver`]), what the extender decided ([`handoff`]) and how it decides ([`placement`]).
 
 pub mod driver;
+pub mod enforcement;
 pub mod handoff;
 pub mod injection;
 pub mod inventory;

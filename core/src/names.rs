@@ -22,6 +22,8 @@ pub const ANNOTATION_INVENTORY: &str = "tessera.io/inventory";
 pub const ANNOTATION_GPU_MODEL: &str = "tessera.io/gpu-model";
 /// Pod annotation: hard compute ceiling in percent for shares.
 pub const ANNOTATION_CORE_LIMIT: &str = "tessera.io/core-limit";
+/// Pod annotation: the share enforcement the pod requires of its node (`required`, `mps`).
+pub const ANNOTATION_SHARE_ENFORCEMENT: &str = "tessera.io/share-enforcement";
 /// Pod annotation: node-tier placement policy override.
 pub const ANNOTATION_NODE_POLICY: &str = "tessera.io/node-policy";
 /// Pod annotation: card-tier placement policy override.

@@ -15,10 +15,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::enforcement::EnforcementRequirement;
 use crate::mig::MigProfile;
 use crate::names::{
-    ANNOTATION_CORE_LIMIT, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_POLICY, ANNOTATION_NODE_POLICY, RESOURCE_GPU_CORE,
-    RESOURCE_GPU_MEMORY, is_tessera_resource,
+    ANNOTATION_CORE_LIMIT, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_POLICY, ANNOTATION_NODE_POLICY,
+    ANNOTATION_SHARE_ENFORCEMENT, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, is_tessera_resource,
 };
 use crate::policy::PolicyKind;
 use crate::quantity::{Amount, QuantityError};
@@ -117,6 +118,10 @@ pub struct ContainerRequest {
     pub memory_bytes: u64,
     /// GPU demand.
     pub gpu: GpuDemand,
+    /// The user it runs as (`runAsUser` of the container, else of the pod), when the pod says.
+    /// MPS serves one user per card at a time, so MPS nodes keep one user per shared card.
+    #[serde(default)]
+    pub run_as_user: Option<u32>,
 }
 
 /// A whole pod's request, with the pod-level options from its annotations.
@@ -132,6 +137,9 @@ pub struct PodRequest {
     pub node_policy: Option<PolicyKind>,
     /// Card-tier policy override.
     pub gpu_policy: Option<PolicyKind>,
+    /// The share enforcement the pod requires of its node.
+    #[serde(skip)]
+    pub share_enforcement: Option<EnforcementRequirement>,
     /// Pod overhead CPU (RuntimeClass), millicores.
     pub overhead_cpu_milli: u64,
     /// Pod overhead memory, bytes.
@@ -378,6 +386,11 @@ impl ContainerRequest {
             cpu_milli,
             memory_bytes,
             gpu,
+            run_as_user: c
+                .security_context
+                .as_ref()
+                .and_then(|s| s.run_as_user)
+                .and_then(|u| u32::try_from(u).ok()),
         })
     }
 }
@@ -406,6 +419,14 @@ impl PodRequest {
             for c in &spec.containers {
                 req.containers
                     .push(ContainerRequest::from_container(c, ContainerRole::App, opts)?);
+            }
+            let pod_user = spec
+                .security_context
+                .as_ref()
+                .and_then(|s| s.run_as_user)
+                .and_then(|u| u32::try_from(u).ok());
+            for c in &mut req.containers {
+                c.run_as_user = c.run_as_user.or(pod_user);
             }
             if let Some(overhead) = &spec.overhead {
                 let read = |k: &str| overhead.get(k).and_then(|q| Amount::parse(&q.0).ok());
@@ -446,6 +467,13 @@ impl PodRequest {
                 }
             }
             req.core_limit = Some(limit);
+        }
+        if let Some(v) = get(ANNOTATION_SHARE_ENFORCEMENT) {
+            req.share_enforcement = Some(
+                v.trim()
+                    .parse()
+                    .map_err(|e: String| annotation_error(ANNOTATION_SHARE_ENFORCEMENT, v, e))?,
+            );
         }
         for (key, slot) in [
             (ANNOTATION_NODE_POLICY, &mut req.node_policy),

@@ -34,6 +34,7 @@ fn half_full_cluster() -> ClusterState {
                     core_used: used,
                     memory_used: 81_920 * u64::from(used) / 1000,
                     mig: None,
+                    share_user: None,
                 }
             })
             .collect();
@@ -45,6 +46,7 @@ fn half_full_cluster() -> ClusterState {
             memory_used: 0,
             cards,
             schedulable: true,
+            enforcement: Default::default(),
         });
     }
     cluster

@@ -52,11 +52,20 @@ fn asked(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+fn ready(_: &str) -> Result<(), String> {
+    Ok(())
+}
+
 fn ctx(k: &SigningKeys, mps: bool) -> NodeContext<'_> {
     NodeContext {
         node: "node-a",
         keys: k,
-        mps,
+        enforcement: if mps {
+            ShareEnforcement::Mps
+        } else {
+            ShareEnforcement::None
+        },
+        share_ready: &ready,
     }
 }
 
@@ -87,12 +96,43 @@ fn shares_get_limits_and_whole_cards_do_not() {
     assert_eq!(g.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "GPU-1=8192M");
     assert_eq!(g.env["CUDA_VISIBLE_DEVICES"], "GPU-1");
     assert_eq!(g.env["NVIDIA_VISIBLE_DEVICES"], "void");
+    assert_eq!(g.enforced_by, Some(ShareEnforcement::Mps));
     let Injection::Grant(g) = decide(&ctx(&k, false), "uid-1", &p, "w", &asked(&[("gpu-core", "200")])).unwrap() else {
         panic!()
     };
     assert_eq!(g.cdi_devices, vec!["tessera.io/gpu=GPU-2", "tessera.io/gpu=GPU-3"]);
     assert!(!g.env.contains_key("TESSERA_GPU_CORE_LIMIT"));
     assert_eq!(g.env["CUDA_VISIBLE_DEVICES"], "GPU-2,GPU-3");
+    assert_eq!(g.enforced_by, None, "whole cards never go through MPS");
+}
+
+#[test]
+fn mps_nodes_refuse_a_share_whose_daemon_is_down_and_unenforced_nodes_say_so() {
+    let k = keys();
+    let p = pod(
+        vec![("s", vec![share("GPU-1", 30, 8192)]), ("w", vec![whole("GPU-2")])],
+        None,
+    );
+    let a = asked(&[("gpu-core", "30"), ("gpu-memory", "8"), ("gpu-memory-mib", "8192")]);
+    let down = |uuid: &str| Err(format!("the MPS daemon of {uuid} is restarting"));
+    let c = NodeContext {
+        share_ready: &down,
+        ..ctx(&k, true)
+    };
+    let e = decide(&c, "uid-1", &p, "s", &a).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "container \"s\": its share of GPU-1 cannot be enforced: the MPS daemon of GPU-1 is restarting; refusing the share"
+    );
+    // A whole card on the same node does not need the daemon.
+    assert!(decide(&c, "uid-1", &p, "w", &asked(&[("gpu-core", "100")])).is_ok());
+    // A node configured to run shares unenforced: granted, marked, no MPS variables.
+    let Injection::Grant(g) = decide(&ctx(&k, false), "uid-1", &p, "s", &a).unwrap() else {
+        panic!()
+    };
+    assert_eq!(g.enforced_by, Some(ShareEnforcement::None));
+    assert!(!g.env.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+    assert_eq!(g.env["TESSERA_GPU_MEMORY_LIMIT_MIB"], "8192");
 }
 
 #[test]
@@ -134,8 +174,7 @@ fn deny_by_default_and_refusals() {
     );
     let other_node = NodeContext {
         node: "node-b",
-        keys: &k,
-        mps: false,
+        ..ctx(&k, false)
     };
     assert!(matches!(
         decide(&other_node, "uid-1", &p, "s", &a),

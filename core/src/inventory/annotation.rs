@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Gpu, InventoryError, NodeInventory};
+use crate::enforcement::ShareEnforcement;
 
 /// Current version of the published inventory format.
 pub const INVENTORY_VERSION: u32 = 1;
@@ -20,6 +21,9 @@ pub struct PublishedInventory {
     /// unusable: no libcuda); the extender places no GPU pod there while this is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_ready: Option<String>,
+    /// How the node holds shares to their limits (`unknown` for nodes that do not say).
+    #[serde(default)]
+    pub share_enforcement: ShareEnforcement,
 }
 
 impl PublishedInventory {
@@ -30,7 +34,14 @@ impl PublishedInventory {
             driver_version: inventory.driver_version.clone(),
             gpus: inventory.gpus.clone(),
             not_ready: inventory.driver_check().err(),
+            share_enforcement: ShareEnforcement::Unknown,
         }
+    }
+
+    /// The same, saying how the node enforces shares.
+    pub fn enforced_by(mut self, mode: ShareEnforcement) -> Self {
+        self.share_enforcement = mode;
+        self
     }
 
     /// Encodes the annotation value.

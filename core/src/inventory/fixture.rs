@@ -5,7 +5,6 @@
 //! driver_version: "550.54.15"
 //! cuda_version: "12.4"
 //! driver_root: /                  # optional; the CLI can override it
-//! mps_pipe_dir: /run/nvidia/mps   # optional
 //! majors: { nvidia: 195, nvidia_uvm: 508, nvidia_caps: 509 }
 //! mig_minors: |                   # the text of /proc/driver/nvidia-caps/mig-minors
 //!   gpu0/gi2/access 21
@@ -111,8 +110,6 @@ pub struct Fixture {
     cuda_version: Option<String>,
     #[serde(default)]
     driver_root: Option<PathBuf>,
-    #[serde(default)]
-    mps_pipe_dir: Option<PathBuf>,
     majors: Majors,
     #[serde(default)]
     mig_minors: String,
@@ -236,7 +233,6 @@ impl Fixture {
                 .unwrap_or_else(|| PathBuf::from("/")),
             driver_files,
             driver_error: None,
-            mps_pipe_dir: self.mps_pipe_dir.clone(),
         };
         inventory.validate()?;
         Ok(inventory)

@@ -164,9 +164,6 @@ pub struct NodeInventory {
     /// driver search: no libcuda, a libcuda of another version).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_error: Option<String>,
-    /// MPS pipe directory when the node runs an MPS control daemon.
-    #[serde(default)]
-    pub mps_pipe_dir: Option<PathBuf>,
 }
 
 impl NodeInventory {

@@ -32,8 +32,6 @@ pub struct NvmlSource {
     /// Explicit `libnvidia-ml.so.1` path (as this process sees it); default: the dynamic
     /// loader's search on the host, else the one the driver search finds.
     pub library: Option<PathBuf>,
-    /// MPS pipe directory to advertise when an MPS daemon runs on the node.
-    pub mps_pipe_dir: Option<PathBuf>,
 }
 
 impl Default for NvmlSource {
@@ -44,7 +42,6 @@ impl Default for NvmlSource {
             dev_root: "/".into(),
             proc_root: "/".into(),
             library: None,
-            mps_pipe_dir: None,
         }
     }
 }
@@ -370,7 +367,6 @@ impl InventorySource for NvmlSource {
             gpus,
             control_devices,
             driver_root: driver.root,
-            mps_pipe_dir: self.mps_pipe_dir.clone(),
         };
         inventory.validate()?;
         Ok(inventory)

@@ -1,5 +1,6 @@
 //! What the engine places: a pod's CPU, memory and per-container card demands.
 
+use crate::enforcement::{EnforcementRequirement, ShareEnforcement};
 use crate::mig::MigProfile;
 use crate::policy::PolicyKind;
 use crate::request::{ContainerRole, GpuDemand, PodRequest};
@@ -48,6 +49,8 @@ pub struct ContainerDemand {
     pub role: ContainerRole,
     /// What it needs.
     pub cards: CardDemand,
+    /// The user it runs as, when the pod says (one user per shared card on MPS nodes).
+    pub run_as_user: Option<u32>,
 }
 
 /// A pod as the engine places it.
@@ -67,6 +70,8 @@ pub struct PodDemand {
     pub node_policy: Option<PolicyKind>,
     /// Card-tier policy override.
     pub gpu_policy: Option<PolicyKind>,
+    /// The share enforcement the pod requires of its node.
+    pub share_enforcement: Option<EnforcementRequirement>,
 }
 
 impl PodDemand {
@@ -78,6 +83,7 @@ impl PodDemand {
                 name: "main".into(),
                 role: ContainerRole::App,
                 cards,
+                run_as_user: None,
             })
             .collect();
         let phases = vec![(0..containers.len()).collect()];
@@ -112,6 +118,7 @@ impl PodDemand {
                 name: c.name.clone(),
                 role: c.role,
                 cards,
+                run_as_user: c.run_as_user,
             });
         }
         let phases = req
@@ -128,6 +135,23 @@ impl PodDemand {
             phases,
             node_policy: req.node_policy,
             gpu_policy: req.gpu_policy,
+            share_enforcement: req.share_enforcement,
+        }
+    }
+
+    /// True when some container asks for a share of a card.
+    pub fn wants_share(&self) -> bool {
+        self.containers
+            .iter()
+            .any(|c| matches!(c.cards, CardDemand::Share { .. }))
+    }
+
+    /// Whether a node enforcing shares with `mode` meets the pod's requirement (pods without
+    /// shares require nothing).
+    pub fn enforcement_ok(&self, mode: ShareEnforcement) -> Result<(), String> {
+        match self.share_enforcement {
+            Some(req) if self.wants_share() => req.check(mode),
+            _ => Ok(()),
         }
     }
 

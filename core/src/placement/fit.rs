@@ -39,6 +39,9 @@ pub struct CardUsage {
     pub memory_mib: u64,
     /// MIG slots taken.
     pub mig_slots: Vec<usize>,
+    /// The user of the pod's share on this card (`Some(None)`: a share whose pod names no
+    /// user); `None` when the pod has no share here.
+    pub share_user: Option<Option<u32>>,
 }
 
 /// A pod's usage of a node's cards, by card position.
@@ -117,6 +120,7 @@ pub fn plan_node(
     chooser: &mut dyn ShareChooser,
 ) -> Result<NodePlan, String> {
     check_node_resources(node, pod)?;
+    pod.enforcement_ok(node.enforcement)?;
     let mut usage = PodUsage::new();
     let mut containers = Vec::new();
     // The app phase is listed last; plan it first.
@@ -137,6 +141,7 @@ pub fn plan_node(
             let cards = place_container(
                 node,
                 &pod.containers[ci].cards,
+                pod.containers[ci].run_as_user,
                 allowed,
                 &mut free,
                 &mut slot_taken,
@@ -156,6 +161,9 @@ pub fn plan_node(
                 u.core_milli += a.core_milli;
                 u.memory_mib += a.memory_mib;
                 u.mig_slots.extend(a.mig_slot);
+                if !a.exclusive {
+                    u.share_user = u.share_user.or(Some(pod.containers[ci].run_as_user));
+                }
             }
             containers.push(ContainerPlacement { container: ci, cards });
         }
@@ -163,6 +171,7 @@ pub fn plan_node(
             let merged = usage.entry(card).or_default();
             merged.core_milli = merged.core_milli.max(u.core_milli);
             merged.memory_mib = merged.memory_mib.max(u.memory_mib);
+            merged.share_user = merged.share_user.or(u.share_user);
             for s in u.mig_slots {
                 if !merged.mig_slots.contains(&s) {
                     merged.mig_slots.push(s);
@@ -178,6 +187,7 @@ pub fn plan_node(
 fn place_container(
     node: &NodeState,
     demand: &CardDemand,
+    uid: Option<u32>,
     allowed: &[bool],
     free: &mut [(u32, u64)],
     slot_taken: &mut [Vec<bool>],
@@ -211,12 +221,27 @@ fn place_container(
                     memory_mib.unwrap_or(node.cards[i].memory_mib * u64::from(*core_milli) / u64::from(CARD_MILLI))
                 })
                 .collect();
-            let fits: Vec<usize> = compute
+            let roomy: Vec<usize> = compute
                 .iter()
                 .zip(&need_mem)
                 .filter(|(i, m)| free[**i].0 >= *core_milli && free[**i].1 >= **m)
                 .map(|(i, _)| *i)
                 .collect();
+            let fits: Vec<usize> = roomy
+                .iter()
+                .copied()
+                .filter(|&i| node.cards[i].admits_user(node.enforcement, uid))
+                .collect();
+            if fits.is_empty() && !roomy.is_empty() {
+                let other = node.cards[roomy[0]].share_user.and_then(|u| u.uid);
+                let who = |u: Option<u32>| u.map_or_else(|| "an unnamed user".to_string(), |u| format!("uid {u}"));
+                return Err(format!(
+                    "every card with room serves MPS clients of another user ({}); this container runs as {} \
+                     (MPS serves one user per card: set runAsUser alike, or use another node)",
+                    who(other),
+                    who(uid)
+                ));
+            }
             if fits.is_empty() {
                 let best = compute.iter().max_by_key(|&&i| (free[i].0, free[i].1));
                 return Err(match best {
@@ -355,6 +380,10 @@ pub fn commit(node: &mut NodeState, pod: &PodDemand, usage: &PodUsage) {
         let c = &mut node.cards[i];
         c.core_used += u.core_milli;
         c.memory_used += u.memory_mib;
+        if let Some(uid) = u.share_user {
+            let su = c.share_user.get_or_insert(super::state::ShareUser { uid, pods: 0 });
+            su.pods += 1;
+        }
         if let Some(slots) = &mut c.mig {
             for &s in &u.mig_slots {
                 slots[s].used = true;
@@ -371,6 +400,14 @@ pub fn release(node: &mut NodeState, pod: &PodDemand, usage: &PodUsage) {
         let c = &mut node.cards[i];
         c.core_used = c.core_used.saturating_sub(u.core_milli);
         c.memory_used = c.memory_used.saturating_sub(u.memory_mib);
+        if u.share_user.is_some()
+            && let Some(su) = &mut c.share_user
+        {
+            su.pods = su.pods.saturating_sub(1);
+            if su.pods == 0 {
+                c.share_user = None;
+            }
+        }
         if let Some(slots) = &mut c.mig {
             for &s in &u.mig_slots {
                 slots[s].used = false;

@@ -22,8 +22,9 @@ pub use fit::{
 };
 pub use frag::{Fragmentation, NodeShape, TargetWorkload, WorkloadClass, WorkloadLearner, fgd_score};
 pub use rng::Rng;
-pub use state::{CARD_MILLI, CardState, ClusterState, MigSlot, NodeState};
+pub use state::{CARD_MILLI, CardState, ClusterState, MigSlot, NodeState, ShareUser};
 
+use crate::enforcement::ShareEnforcement;
 use crate::policy::PolicyKind;
 
 /// Engine settings.
@@ -261,13 +262,16 @@ impl Engine {
 
     fn evaluate(&mut self, n: usize, pod: &PodDemand, allowed: &[bool]) -> Result<(f64, Option<SimpleChoice>), String> {
         let (node_policy, gpu_policy) = self.policies(pod);
-        if !Self::is_simple(pod) {
+        // MPS nodes keep one user per shared card: the general path's card tier knows that rule.
+        let mps_share = self.cluster.nodes[n].enforcement == ShareEnforcement::Mps && pod.wants_share();
+        if !Self::is_simple(pod) || mps_share {
             let plan = self.plan_general(n, pod, allowed, gpu_policy)?;
             let score = self.score_plan(n, pod, &plan.usage, node_policy);
             return Ok((score, None));
         }
         let node = &self.cluster.nodes[n];
         check_node_resources(node, pod)?;
+        pod.enforcement_ok(node.enforcement)?;
         let needs_frag = matches!(node_policy, PolicyKind::Fgd | PolicyKind::Mosaic)
             || matches!(gpu_policy, PolicyKind::Fgd | PolicyKind::Mosaic);
         let before = if needs_frag { self.node_fragmentation(n) } else { 0.0 };
@@ -561,8 +565,6 @@ impl Engine {
     /// commit.
     pub fn schedule(&mut self, pod: &PodDemand) -> Result<Placement, Unschedulable> {
         let allowed = self.cluster.allowed_models(pod.gpu_models.as_deref());
-        // Ties go to the first node in scan order, as in the published simulator (the
-        // simulator shuffles the node order per seed).
         // Ties go to the first node in scan order, as in the published simulator (which
         // shuffles the node order per seed). Keeping a stable order also consolidates load.
         let mut best: Option<(f64, usize, Option<SimpleChoice>)> = None;

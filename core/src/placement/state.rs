@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::enforcement::ShareEnforcement;
 use crate::inventory::{Gpu, model_matches};
 use crate::mig::MigProfile;
 
@@ -47,6 +48,19 @@ pub struct CardState {
     pub memory_used: u64,
     /// `Some` when the card is in MIG mode: only its MIG devices are offered.
     pub mig: Option<Vec<MigSlot>>,
+    /// The user the card's shares run as, and how many pods hold a share on it. Kept on MPS
+    /// nodes, where one daemon serves one user at a time.
+    pub share_user: Option<ShareUser>,
+}
+
+/// The user of a card's shares (`None`: pods that do not say, grouped together) and how many
+/// pods hold a share on the card.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ShareUser {
+    /// `runAsUser`, when the pods say.
+    pub uid: Option<u32>,
+    /// Pods with a share on the card.
+    pub pods: u32,
 }
 
 impl CardState {
@@ -69,6 +83,12 @@ impl CardState {
     pub fn is_idle(&self) -> bool {
         self.core_used == 0 && self.memory_used == 0
     }
+
+    /// Whether a share running as `uid` may join this card on a node enforcing with `mode`:
+    /// MPS serves one user per card, so the card's shares must all run as the same user.
+    pub fn admits_user(&self, mode: ShareEnforcement, uid: Option<u32>) -> bool {
+        mode != ShareEnforcement::Mps || self.share_user.is_none_or(|u| u.uid == uid)
+    }
 }
 
 /// One node.
@@ -88,6 +108,8 @@ pub struct NodeState {
     pub cards: Vec<CardState>,
     /// False for cordoned / not-ready nodes.
     pub schedulable: bool,
+    /// How the node holds shares to their limits.
+    pub enforcement: ShareEnforcement,
 }
 
 impl NodeState {
@@ -124,6 +146,7 @@ impl NodeState {
     /// when the pod wants cards, has a healthy card of an `allowed` model.
     pub fn could_take(&self, pod: &super::PodDemand, allowed: &[bool]) -> bool {
         self.schedulable
+            && pod.enforcement_ok(self.enforcement).is_ok()
             && (!pod.wants_cards()
                 || self
                     .cards
@@ -218,6 +241,7 @@ impl ClusterState {
                 healthy: g.health.is_healthy(),
                 core_used: 0,
                 memory_used: 0,
+                share_user: None,
                 mig: g.mig_enabled.then(|| {
                     g.mig_devices
                         .iter()

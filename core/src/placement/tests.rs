@@ -15,6 +15,7 @@ fn node(cluster: &mut ClusterState, name: &str, fixture: &str) {
         memory_used: 0,
         cards,
         schedulable: true,
+        enforcement: Default::default(),
     });
 }
 
@@ -149,6 +150,7 @@ fn mig_devices_are_allocated_by_profile() {
             name: "c".into(),
             role: ContainerRole::App,
             cards: CardDemand::Mig(vec![(profile.parse().unwrap(), count)]),
+            run_as_user: None,
         }],
         phases: vec![vec![0]],
         ..Default::default()
@@ -181,6 +183,7 @@ fn containers_get_their_own_cards_and_init_phases_take_the_max() {
             core_percent: core,
             memory_mib: Some(1024),
         }),
+        run_as_user: None,
     };
     let req = PodRequest {
         containers: vec![
@@ -320,6 +323,7 @@ fn only_schedulable_nodes_with_a_healthy_allowed_card_could_take_a_gpu_pod() {
         core_used: 1000,
         memory_used: 40_960,
         mig: None,
+        share_user: None,
     };
     let mut node = NodeState {
         name: "n".into(),
@@ -329,6 +333,7 @@ fn only_schedulable_nodes_with_a_healthy_allowed_card_could_take_a_gpu_pod() {
         memory_used: 0,
         cards: vec![card(true)],
         schedulable: true,
+        enforcement: Default::default(),
     };
     let gpu = PodDemand::single(
         100,
@@ -349,4 +354,70 @@ fn only_schedulable_nodes_with_a_healthy_allowed_card_could_take_a_gpu_pod() {
     node.cards[0] = card(true);
     node.schedulable = false;
     assert!(!node.could_take(&gpu, &any) && !node.could_take(&cpu_only, &any));
+}
+
+fn as_user(mut pod: PodDemand, uid: Option<u32>) -> PodDemand {
+    for c in &mut pod.containers {
+        c.run_as_user = uid;
+    }
+    pod
+}
+
+#[test]
+fn mps_nodes_keep_one_user_per_shared_card() {
+    use crate::enforcement::ShareEnforcement;
+    let mut e = engine(PolicyKind::Binpack, &["t4x2"]);
+    e.cluster.nodes[0].enforcement = ShareEnforcement::Mps;
+    e.node_changed(0);
+    let card = |p: &Placement| p.plan.containers[0].cards[0].card;
+    let root = place(&mut e, &as_user(share(100, 200, Some(1024)), Some(0)));
+    let first = card(&root);
+    // Binpack would put it beside root; MPS needs another card.
+    let u1000 = place(&mut e, &as_user(share(100, 200, Some(1024)), Some(1000)));
+    assert_ne!(card(&u1000), first);
+    // The same user joins its card.
+    let again = place(&mut e, &as_user(share(100, 200, Some(1024)), Some(1000)));
+    assert_eq!(card(&again), card(&u1000));
+    // A third user has no card though both have room; the reason says why.
+    let err = e.schedule(&as_user(share(100, 200, Some(1024)), Some(7))).unwrap_err();
+    let reason = &err.reasons[0].1;
+    assert!(
+        reason.contains("serves MPS clients of another user") && reason.contains("uid 7"),
+        "{reason}"
+    );
+    // Pods that name no user are one group, kept apart from named users too.
+    assert!(e.schedule(&as_user(share(100, 200, Some(1024)), None)).is_err());
+    // When root's pod ends, its card takes anyone again.
+    e.release(&as_user(share(100, 200, Some(1024)), Some(0)), &root);
+    let anon = place(&mut e, &as_user(share(100, 200, Some(1024)), None));
+    assert_eq!(card(&anon), first);
+
+    // Without MPS, users do not matter: binpack stacks them on one card.
+    let mut e = engine(PolicyKind::Binpack, &["t4x2"]);
+    let a = place(&mut e, &as_user(share(100, 200, Some(1024)), Some(0)));
+    let b = place(&mut e, &as_user(share(100, 200, Some(1024)), Some(1000)));
+    assert_eq!(card(&a), card(&b));
+}
+
+#[test]
+fn a_pod_can_require_enforced_shares() {
+    use crate::enforcement::{EnforcementRequirement, ShareEnforcement};
+    let mut e = engine(PolicyKind::Binpack, &["t4x2", "t4x2"]);
+    e.cluster.nodes[1].enforcement = ShareEnforcement::Mps;
+    e.node_changed(1);
+    let mut pod = share(100, 200, Some(1024));
+    pod.share_enforcement = Some(EnforcementRequirement::Any);
+    let p = place(&mut e, &pod);
+    assert_eq!(p.node, 1);
+    let verdicts = e.evaluate_nodes(&pod, &[0, 1]);
+    assert_eq!(
+        verdicts[0].1.as_ref().unwrap_err(),
+        "the pod requires enforced shares; this node's share enforcement is unknown"
+    );
+    let allowed = e.cluster.allowed_models(None);
+    assert!(!e.cluster.nodes[0].could_take(&pod, &allowed));
+    // Whole cards are never shared: the requirement does not apply to them.
+    let mut w = whole(100, 1);
+    w.share_enforcement = Some(EnforcementRequirement::Any);
+    assert!(e.evaluate_nodes(&w, &[0])[0].1.is_ok());
 }

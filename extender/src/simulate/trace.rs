@@ -241,6 +241,7 @@ pub fn cluster_of(nodes: &[TraceNode]) -> ClusterState {
                 core_used: 0,
                 memory_used: 0,
                 mig: None,
+                share_user: None,
             })
             .collect();
         cluster.add_node(NodeState {
@@ -251,6 +252,7 @@ pub fn cluster_of(nodes: &[TraceNode]) -> ClusterState {
             memory_used: 0,
             cards,
             schedulable: true,
+            enforcement: Default::default(),
         });
     }
     cluster

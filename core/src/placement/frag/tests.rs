@@ -13,6 +13,7 @@ fn card(model: u16, used: u32) -> CardState {
         core_used: used,
         memory_used: 0,
         mig: None,
+        share_user: None,
     }
 }
 
@@ -65,6 +66,7 @@ fn fragmentation_matches_the_papers_definition() {
         memory_used: 0,
         cards: vec![card(m, 700), card(m, 0)],
         schedulable: true,
+        enforcement: Default::default(),
     };
     cluster.add_node(node.clone());
     let w = TargetWorkload {

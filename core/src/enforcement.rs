@@ -1,0 +1,295 @@
+//! How a node holds GPU shares to their compute and memory: the node's mode, where its MPS
+//! daemons live, and whether a card's daemon is up. One model for the MPS supervisor (which
+//! writes the state), the CDI generator (which mounts the daemon into share containers), the
+//! NRI plugin (which refuses a share whose daemon is down) and the extender (which can keep a
+//! pod off nodes that do not enforce).
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Where the MPS supervisor keeps each card's pipe, log and shm directories (a host path on a
+/// tmpfs).
+pub const DEFAULT_MPS_ROOT: &str = "/run/tessera/mps";
+/// A daemon state older than this is not trusted (the supervisor re-checks every few seconds).
+pub const STATE_MAX_AGE: Duration = Duration::from_secs(30);
+/// Container annotation set by the NRI plugin: what holds a share container to its limits
+/// (`mps`, or `none` on nodes that run shares unenforced).
+pub const ANNOTATION_ENFORCED_BY: &str = "tessera.io/enforced-by";
+
+/// A node's setting for shares (whole cards and MIG devices are never shared).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShareEnforcement {
+    /// Not published (nodes from before enforcement): treated as `none`.
+    #[default]
+    Unknown,
+    /// Shares run unenforced: the limits are labels; containers are annotated so.
+    None,
+    /// One MPS control daemon per card, run by Tessera: compute by active-thread percentage,
+    /// memory by the pinned device memory limit. A share whose daemon is down is refused.
+    Mps,
+}
+
+impl ShareEnforcement {
+    /// Whether this mode holds shares to their limits.
+    pub fn enforces(self) -> bool {
+        matches!(self, ShareEnforcement::Mps)
+    }
+}
+
+impl fmt::Display for ShareEnforcement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ShareEnforcement::Unknown => "unknown",
+            ShareEnforcement::None => "none",
+            ShareEnforcement::Mps => "mps",
+        })
+    }
+}
+
+impl FromStr for ShareEnforcement {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "none" => Ok(ShareEnforcement::None),
+            "mps" => Ok(ShareEnforcement::Mps),
+            other => Err(format!("share enforcement {other:?}: expected mps or none")),
+        }
+    }
+}
+
+/// What a pod asks of a node's enforcement ([`crate::names::ANNOTATION_SHARE_ENFORCEMENT`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EnforcementRequirement {
+    /// Any mode that enforces (`required`).
+    Any,
+    /// Exactly this mode (`mps`).
+    Mode(ShareEnforcement),
+}
+
+impl FromStr for EnforcementRequirement {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "required" => Ok(EnforcementRequirement::Any),
+            "mps" => Ok(EnforcementRequirement::Mode(ShareEnforcement::Mps)),
+            other => Err(format!("{other:?}: expected required or mps")),
+        }
+    }
+}
+
+impl EnforcementRequirement {
+    /// Whether a node in `mode` satisfies this; the error is the filter's reason.
+    pub fn check(self, mode: ShareEnforcement) -> Result<(), String> {
+        let ok = match self {
+            EnforcementRequirement::Any => mode.enforces(),
+            EnforcementRequirement::Mode(m) => mode == m,
+        };
+        if ok {
+            Ok(())
+        } else {
+            let want = match self {
+                EnforcementRequirement::Any => "enforced shares".to_string(),
+                EnforcementRequirement::Mode(m) => format!("share enforcement {m}"),
+            };
+            Err(format!(
+                "the pod requires {want}; this node's share enforcement is {mode}"
+            ))
+        }
+    }
+}
+
+/// The MPS directories of each card, under one root. Paths are the same on the host, in the
+/// supervisor and in share containers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsLayout {
+    /// The root (`/run/tessera/mps`).
+    pub root: PathBuf,
+}
+
+impl Default for MpsLayout {
+    fn default() -> Self {
+        Self {
+            root: DEFAULT_MPS_ROOT.into(),
+        }
+    }
+}
+
+impl MpsLayout {
+    /// A layout under `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// A card's directory.
+    pub fn card_dir(&self, uuid: &str) -> PathBuf {
+        self.root.join(uuid)
+    }
+
+    /// `CUDA_MPS_PIPE_DIRECTORY` of the card's daemon and its clients.
+    pub fn pipe_dir(&self, uuid: &str) -> PathBuf {
+        self.card_dir(uuid).join("pipe")
+    }
+
+    /// `CUDA_MPS_LOG_DIRECTORY` (control.log, server.log).
+    pub fn log_dir(&self, uuid: &str) -> PathBuf {
+        self.card_dir(uuid).join("log")
+    }
+
+    /// The directory the daemon and its clients see as `/dev/shm`.
+    pub fn shm_dir(&self, uuid: &str) -> PathBuf {
+        self.card_dir(uuid).join("shm")
+    }
+
+    /// The supervisor's record of the daemon.
+    pub fn state_file(&self, uuid: &str) -> PathBuf {
+        self.card_dir(uuid).join("state.json")
+    }
+
+    /// Reads a card's daemon state.
+    pub fn read_state(&self, uuid: &str) -> Result<MpsState, String> {
+        let path = self.state_file(uuid);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("no MPS daemon state for {uuid} ({}: {e})", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Writes a card's daemon state atomically.
+    pub fn write_state(&self, uuid: &str, state: &MpsState) -> std::io::Result<()> {
+        let path = self.state_file(uuid);
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(state).expect("state serializes"))?;
+        std::fs::rename(tmp, path)
+    }
+
+    /// Whether the card's daemon can take a share now: ready, and checked within
+    /// [`STATE_MAX_AGE`] (a dead supervisor leaves a stale state). The error says why not.
+    pub fn ready(&self, uuid: &str, now: SystemTime) -> Result<(), String> {
+        let s = self.read_state(uuid)?;
+        let age = now
+            .duration_since(UNIX_EPOCH + Duration::from_secs(s.checked_at))
+            .unwrap_or_default();
+        if age > STATE_MAX_AGE {
+            return Err(format!(
+                "the MPS daemon of {uuid} was last checked {}s ago (is tessera-mps-supervisor running?)",
+                age.as_secs()
+            ));
+        }
+        match s.phase {
+            DaemonPhase::Ready => Ok(()),
+            other => Err(format!(
+                "the MPS daemon of {uuid} is {other}{}",
+                s.reason.map(|r| format!(": {r}")).unwrap_or_default()
+            )),
+        }
+    }
+}
+
+/// Where a card's daemon is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DaemonPhase {
+    /// Started, not answering yet.
+    Starting,
+    /// Answering control commands.
+    Ready,
+    /// Died; restarting after a backoff.
+    Restarting,
+    /// Stopped by the supervisor.
+    Stopped,
+}
+
+impl fmt::Display for DaemonPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DaemonPhase::Starting => "starting",
+            DaemonPhase::Ready => "ready",
+            DaemonPhase::Restarting => "restarting",
+            DaemonPhase::Stopped => "stopped",
+        })
+    }
+}
+
+/// The supervisor's record of one card's daemon (`state.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MpsState {
+    /// Phase.
+    pub phase: DaemonPhase,
+    /// The control daemon's pid, while it runs.
+    pub pid: Option<u32>,
+    /// Restarts since the supervisor started.
+    pub restarts: u32,
+    /// When the daemon last started (Unix seconds).
+    pub started_at: u64,
+    /// When the supervisor last checked it (Unix seconds).
+    pub checked_at: u64,
+    /// Why it is not ready, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Unix seconds of `t`.
+pub fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_needs_a_fresh_ready_state() {
+        let d = tempfile::tempdir().unwrap();
+        let l = MpsLayout::new(d.path());
+        let uuid = "GPU-1";
+        let now = SystemTime::now();
+        assert!(
+            l.ready(uuid, now)
+                .unwrap_err()
+                .contains("no MPS daemon state for GPU-1")
+        );
+        std::fs::create_dir_all(l.card_dir(uuid)).unwrap();
+        let mut s = MpsState {
+            phase: DaemonPhase::Ready,
+            pid: Some(42),
+            restarts: 0,
+            started_at: unix_secs(now),
+            checked_at: unix_secs(now),
+            reason: None,
+        };
+        l.write_state(uuid, &s).unwrap();
+        l.ready(uuid, now).unwrap();
+        // Stale: the supervisor stopped checking.
+        let later = now + STATE_MAX_AGE + Duration::from_secs(5);
+        assert!(l.ready(uuid, later).unwrap_err().contains("last checked"));
+        s.phase = DaemonPhase::Restarting;
+        s.reason = Some("exited with status 1".into());
+        l.write_state(uuid, &s).unwrap();
+        assert_eq!(
+            l.ready(uuid, now).unwrap_err(),
+            "the MPS daemon of GPU-1 is restarting: exited with status 1"
+        );
+    }
+
+    #[test]
+    fn modes_and_requirements() {
+        assert_eq!("mps".parse::<ShareEnforcement>(), Ok(ShareEnforcement::Mps));
+        assert!("hook".parse::<ShareEnforcement>().unwrap_err().contains("\"hook\""));
+        let any: EnforcementRequirement = "required".parse().unwrap();
+        assert!(any.check(ShareEnforcement::Mps).is_ok());
+        assert_eq!(
+            any.check(ShareEnforcement::None).unwrap_err(),
+            "the pod requires enforced shares; this node's share enforcement is none"
+        );
+        assert!(any.check(ShareEnforcement::Unknown).is_err());
+        assert!("sometimes".parse::<EnforcementRequirement>().is_err());
+        // Published as lowercase; an old node publishes nothing (unknown).
+        assert_eq!(serde_json::to_string(&ShareEnforcement::Mps).unwrap(), "\"mps\"");
+    }
+}
