@@ -1,13 +1,14 @@
 # One image with every Tessera binary: tessera-extender, tessera-cdi-generator,
-# tessera-device-plugin, tessera-nri-plugin. Build: docker build -t tessera:dev .
+# tessera-device-plugin, tessera-nri-plugin, tessera-mps-supervisor. Build: docker build -t tessera:dev .
 FROM rust:1.95-trixie AS build
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked \
-        -p tessera-extender -p tessera-cdi-generator -p tessera-device-plugin -p tessera-nri-plugin \
+        -p tessera-extender -p tessera-cdi-generator -p tessera-device-plugin -p tessera-nri-plugin -p tessera-mps \
     && mkdir /out \
     && cp target/release/tessera-extender target/release/tessera-cdi-generator \
-          target/release/tessera-device-plugin target/release/tessera-nri-plugin /out/
+          target/release/tessera-device-plugin target/release/tessera-nri-plugin \
+          target/release/tessera-mps-supervisor /out/
 
 FROM debian:trixie-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \

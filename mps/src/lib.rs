@@ -1,0 +1,10 @@
+//! Tessera's MPS supervisor: on nodes that enforce shares with NVIDIA MPS, one control daemon
+//! per card that can host shares, run from the node's own driver, each with its own pipe, log
+//! and shm directories ([`tessera_core::enforcement::MpsLayout`]), restarted with backoff when
+//! it dies and stopped cleanly. The GPU's compute mode is left as it is (MPS runs in Default
+//! mode).
+
+pub mod control;
+pub mod namespace;
+pub mod status;
+pub mod supervisor;

@@ -1,0 +1,393 @@
+//! One MPS control daemon per card that can host shares, each watched by its own task: started
+//! (in its own mount namespace, see [`crate::namespace`]), checked every few seconds through a
+//! control command, restarted with exponential backoff when it dies or stops answering, and
+//! stopped with `quit` on shutdown. Every change is logged and written to the card's
+//! `state.json` ([`MpsLayout`]), which the NRI plugin reads before it admits a share.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tessera_core::enforcement::{DaemonPhase, MpsLayout, MpsState, unix_secs};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{error, info, warn};
+
+use crate::control::MpsBinaries;
+
+/// Delays between restarts: `base * 2^failures`, at most `max`; the count starts over once a
+/// daemon has stayed ready for `healthy_after`.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    /// First delay.
+    pub base: Duration,
+    /// Largest delay.
+    pub max: Duration,
+    /// Ready this long: the next failure is a first one again.
+    pub healthy_after: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+            healthy_after: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay after `failures` consecutive failures (1 for the first).
+    pub fn delay(&self, failures: u32) -> Duration {
+        let factor = 1u32.checked_shl(failures.saturating_sub(1).min(16)).unwrap_or(u32::MAX);
+        self.base.saturating_mul(factor).min(self.max)
+    }
+}
+
+/// Supervision settings.
+#[derive(Debug, Clone)]
+pub struct SupervisorConfig {
+    /// Where each card's directories and state are.
+    pub layout: MpsLayout,
+    /// The driver's MPS programs.
+    pub binaries: MpsBinaries,
+    /// This program (re-executed as `exec-daemon` to give each daemon its own `/dev/shm`).
+    pub exec_self: PathBuf,
+    /// Health-check interval.
+    pub check_every: Duration,
+    /// How long a new daemon may take to answer.
+    pub start_timeout: Duration,
+    /// How long one control command may take.
+    pub command_timeout: Duration,
+    /// Missed checks in a row before a running daemon is restarted.
+    pub max_missed: u32,
+    /// How long a stopping daemon may take before it is killed.
+    pub stop_timeout: Duration,
+    /// Restart delays.
+    pub backoff: Backoff,
+}
+
+impl SupervisorConfig {
+    /// Defaults around a layout and the MPS programs.
+    pub fn new(layout: MpsLayout, binaries: MpsBinaries, exec_self: PathBuf) -> Self {
+        Self {
+            layout,
+            binaries,
+            exec_self,
+            check_every: Duration::from_secs(5),
+            start_timeout: Duration::from_secs(30),
+            command_timeout: Duration::from_secs(5),
+            max_missed: 3,
+            stop_timeout: Duration::from_secs(10),
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+struct Card {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// The daemons of a node's cards.
+pub struct Supervisor {
+    config: Arc<SupervisorConfig>,
+    cards: BTreeMap<String, Card>,
+}
+
+impl Supervisor {
+    /// A supervisor running nothing yet.
+    pub fn new(config: SupervisorConfig) -> Self {
+        Self {
+            config: Arc::new(config),
+            cards: BTreeMap::new(),
+        }
+    }
+
+    /// Runs a daemon for each of `uuids` and stops those of cards no longer listed (a card
+    /// put in MIG mode, a card gone).
+    pub async fn reconcile(&mut self, uuids: &[String]) {
+        let gone: Vec<String> = self.cards.keys().filter(|u| !uuids.contains(u)).cloned().collect();
+        for uuid in gone {
+            if let Some(card) = self.cards.remove(&uuid) {
+                info!(uuid, "card no longer hosts shares: stopping its MPS daemon");
+                stop_card(card).await;
+            }
+        }
+        for uuid in uuids {
+            if !self.cards.contains_key(uuid) {
+                let (stop, rx) = watch::channel(false);
+                let task = tokio::spawn(supervise(self.config.clone(), uuid.clone(), rx));
+                self.cards.insert(uuid.clone(), Card { stop, task });
+            }
+        }
+    }
+
+    /// The cards supervised.
+    pub fn cards(&self) -> Vec<String> {
+        self.cards.keys().cloned().collect()
+    }
+
+    /// Stops every daemon (`quit`, then a kill after the stop timeout).
+    pub async fn shutdown(self) {
+        let stops: Vec<_> = self.cards.into_values().map(stop_card).collect();
+        for s in stops {
+            s.await;
+        }
+    }
+}
+
+async fn stop_card(card: Card) {
+    let _ = card.stop.send(true);
+    let _ = card.task.await;
+}
+
+fn write(config: &SupervisorConfig, uuid: &str, state: &MpsState) {
+    if let Err(e) = config.layout.write_state(uuid, state) {
+        error!(uuid, error = %e, "cannot write the MPS daemon state");
+    }
+}
+
+fn prepare_dirs(layout: &MpsLayout, uuid: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    for (dir, mode) in [
+        (layout.pipe_dir(uuid), 0o755),
+        (layout.log_dir(uuid), 0o755),
+        // Clients of any user create their segments here, as in /dev/shm.
+        (layout.shm_dir(uuid), 0o1777),
+    ] {
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
+fn spawn(config: &SupervisorConfig, uuid: &str) -> std::io::Result<Child> {
+    let mut child = Command::new(&config.exec_self)
+        .arg("exec-daemon")
+        .arg("--shm")
+        .arg(config.layout.shm_dir(uuid))
+        .arg("--")
+        .arg(&config.binaries.control)
+        .arg("-f")
+        .envs(config.binaries.env(&config.layout, uuid))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    // The daemon's own output, as log lines naming its card.
+    for stream in [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let uuid = uuid.to_string();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stream).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                info!(uuid, "mps-control: {line}");
+            }
+        });
+    }
+    Ok(child)
+}
+
+/// How one run of a daemon ended.
+enum Ended {
+    /// The supervisor is stopping.
+    Stop,
+    /// It failed, with why; `ready_for` is how long it had been ready.
+    Failed { reason: String, ready_for: Duration },
+}
+
+async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch::Receiver<bool>) {
+    let mut restarts = 0u32;
+    let mut failures = 0u32;
+    loop {
+        let now = SystemTime::now();
+        let mut state = MpsState {
+            phase: DaemonPhase::Starting,
+            pid: None,
+            restarts,
+            started_at: unix_secs(now),
+            checked_at: unix_secs(now),
+            reason: None,
+        };
+        let ended = match prepare_dirs(&config.layout, &uuid).and_then(|()| spawn(&config, &uuid)) {
+            Ok(child) => {
+                state.pid = child.id();
+                write(&config, &uuid, &state);
+                info!(uuid, pid = state.pid, restarts, "MPS daemon started");
+                run(&config, &uuid, child, &mut state, &mut stop).await
+            }
+            Err(e) => Ended::Failed {
+                reason: format!("cannot start: {e}"),
+                ready_for: Duration::ZERO,
+            },
+        };
+        let (reason, ready_for) = match ended {
+            Ended::Stop => return,
+            Ended::Failed { reason, ready_for } => (reason, ready_for),
+        };
+        if ready_for >= config.backoff.healthy_after {
+            failures = 0;
+        }
+        failures += 1;
+        restarts += 1;
+        let delay = config.backoff.delay(failures);
+        state.phase = DaemonPhase::Restarting;
+        state.pid = None;
+        state.restarts = restarts;
+        state.checked_at = unix_secs(SystemTime::now());
+        state.reason = Some(reason.clone());
+        write(&config, &uuid, &state);
+        warn!(
+            uuid,
+            reason,
+            restarts,
+            delay_ms = delay.as_millis() as u64,
+            "MPS daemon failed: restarting"
+        );
+        tokio::select! {
+            _ = stop.changed() => {
+                state.phase = DaemonPhase::Stopped;
+                state.reason = None;
+                write(&config, &uuid, &state);
+                return;
+            }
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// Runs one started daemon until it fails or the supervisor stops.
+async fn run(
+    config: &SupervisorConfig,
+    uuid: &str,
+    mut child: Child,
+    state: &mut MpsState,
+    stop: &mut watch::Receiver<bool>,
+) -> Ended {
+    let query = "get_default_active_thread_percentage";
+    // Starting: until the daemon answers.
+    let deadline = Instant::now() + config.start_timeout;
+    let mut last_err = String::from("no answer yet");
+    loop {
+        if Instant::now() > deadline {
+            let _ = child.kill().await;
+            return Ended::Failed {
+                reason: format!("did not answer within {}s: {last_err}", config.start_timeout.as_secs()),
+                ready_for: Duration::ZERO,
+            };
+        }
+        tokio::select! {
+            _ = stop.changed() => return stop_daemon(config, uuid, child, state).await,
+            status = child.wait() => return Ended::Failed {
+                reason: format!("exited while starting ({})", describe(status)),
+                ready_for: Duration::ZERO,
+            },
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                match config.binaries.command(&config.layout, uuid, query, config.command_timeout).await {
+                    Ok(_) => break,
+                    Err(e) => last_err = e,
+                }
+            }
+        }
+    }
+    let ready_since = Instant::now();
+    state.phase = DaemonPhase::Ready;
+    state.checked_at = unix_secs(SystemTime::now());
+    write(config, uuid, state);
+    info!(uuid, pid = state.pid, "MPS daemon ready");
+    let mut missed = 0;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return stop_daemon(config, uuid, child, state).await,
+            status = child.wait() => return Ended::Failed {
+                reason: format!("exited ({})", describe(status)),
+                ready_for: ready_since.elapsed(),
+            },
+            _ = tokio::time::sleep(config.check_every) => {
+                match config.binaries.command(&config.layout, uuid, query, config.command_timeout).await {
+                    Ok(_) => {
+                        missed = 0;
+                        state.checked_at = unix_secs(SystemTime::now());
+                        write(config, uuid, state);
+                    }
+                    Err(e) => {
+                        missed += 1;
+                        warn!(uuid, missed, error = e, "MPS daemon check failed");
+                        if missed >= config.max_missed {
+                            let _ = child.kill().await;
+                            return Ended::Failed {
+                                reason: format!("stopped answering: {e}"),
+                                ready_for: ready_since.elapsed(),
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn stop_daemon(config: &SupervisorConfig, uuid: &str, mut child: Child, state: &mut MpsState) -> Ended {
+    if let Err(e) = config
+        .binaries
+        .command(&config.layout, uuid, "quit", config.command_timeout)
+        .await
+    {
+        warn!(uuid, error = e, "quit was not taken");
+    }
+    match tokio::time::timeout(config.stop_timeout, child.wait()).await {
+        Ok(status) => info!(uuid, status = describe(status), "MPS daemon stopped"),
+        Err(_) => {
+            warn!(uuid, "MPS daemon did not quit in time: killing it");
+            let _ = child.kill().await;
+        }
+    }
+    state.phase = DaemonPhase::Stopped;
+    state.pid = None;
+    state.reason = None;
+    state.checked_at = unix_secs(SystemTime::now());
+    write(config, uuid, state);
+    Ended::Stop
+}
+
+fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
+    match status {
+        Ok(s) => s.to_string(),
+        Err(e) => format!("wait failed: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        let b = Backoff {
+            base: Duration::from_millis(500),
+            max: Duration::from_secs(5),
+            healthy_after: Duration::from_secs(60),
+        };
+        let d: Vec<u128> = (1..=6).map(|f| b.delay(f).as_millis()).collect();
+        assert_eq!(d, [500, 1000, 2000, 4000, 5000, 5000]);
+        assert_eq!(b.delay(1000), Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,223 @@
+//! Enforced shares end to end on real containerd (1.7 and 2.x), with the real supervisor
+//! running a fake MPS daemon per card: a share container is connected to its card's daemon
+//! (pipe directory, the card's shm as /dev/shm, the limits from its allocation), a whole card
+//! is not, and once the daemon is down a share is refused at creation, saying why.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tessera_cdi_generator::spec::{self, SpecOptions};
+use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
+use tessera_core::enforcement::{ANNOTATION_ENFORCED_BY, MpsLayout, ShareEnforcement};
+use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
+use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
+use tessera_core::request::ContainerRole;
+use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
+use tessera_nri_plugin::session::{self, Identity};
+use tessera_tests::containerd::{ContainerSpec, Containerd, Pod, Version};
+use tessera_tests::fake_node::fake_node;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tessera-mps-supervisor");
+const NODE: &str = "node-mps";
+
+struct Supervisor(Child);
+
+impl Supervisor {
+    fn start(layout: &MpsLayout) -> Self {
+        let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-mps-control");
+        Self(
+            Command::new(BIN)
+                .args(["run", "--fixture", "h100x8", "--check-secs", "1", "--control-binary"])
+                .arg(fake)
+                .arg("--mps-root")
+                .arg(&layout.root)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    fn stop(mut self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        self.0.wait().unwrap();
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn pod(c: &mut Containerd, keys: &SigningKeys, name: &str, device: AllocatedDevice) -> anyhow::Result<Pod> {
+    let uid = format!("uid-{name}");
+    let mut a = Allocation::new(NODE, &uid);
+    a.containers.push(ContainerAllocation {
+        name: "main".into(),
+        role: ContainerRole::App,
+        devices: vec![device],
+    });
+    let s = keys.sign(&a);
+    c.run_pod_with_uid(
+        name,
+        &uid,
+        &[
+            (ANNOTATION_ALLOCATION, &s.allocation),
+            (ANNOTATION_ALLOCATION_SIGNATURE, &s.signature),
+        ],
+    )
+    .await
+}
+
+fn share_spec(cmd: &str) -> ContainerSpec {
+    ContainerSpec::new("main", &["sh", "-c", cmd])
+        .annotation("tessera.io/allocated.gpu-core", "30")
+        .annotation("tessera.io/allocated.gpu-memory", "8")
+        .annotation("tessera.io/allocated.gpu-memory-mib", "8192")
+}
+
+async fn mps(version: Version) -> anyhow::Result<()> {
+    let mut c = Containerd::start(version).await?;
+    let root = tempfile::tempdir()?;
+    let inv = fake_node("h100x8", root.path())?;
+    let layout = MpsLayout::new(root.path().join("mps"));
+    let opts = SpecOptions {
+        dev_root: root.path().join("host"),
+        enforcement: ShareEnforcement::Mps,
+        mps: layout.clone(),
+    };
+    write_spec(&c.cdi_dir(), SPEC_FILE, &spec::render(&inv, &opts)?.1)?;
+    let keys = SigningKeys::new("k1", [("k1".to_string(), vec![5u8; 32])])?;
+    let cdi_dir = c.cdi_dir();
+    let plugin = |enforcement| {
+        Arc::new(TesseraPlugin::new(PluginConfig {
+            node: NODE.into(),
+            keys: keys.clone(),
+            cdi_dirs: vec![cdi_dir.clone()],
+            enforcement,
+            mps: layout.clone(),
+        }))
+    };
+    let p = plugin(ShareEnforcement::Mps);
+    let mut synced = p.synchronized();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let id = Identity {
+        name: "tessera".into(),
+        idx: "10".into(),
+    };
+    let task = tokio::spawn(session::run_external(c.nri_socket(), id.clone(), p, async move {
+        let _ = stop_rx.await;
+    }));
+    tokio::time::timeout(Duration::from_secs(15), synced.wait_for(|n| *n > 0)).await??;
+
+    let gpu = inv.gpus[0].clone();
+    let sup = Supervisor::start(&layout);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while layout.ready(&gpu.uuid, std::time::SystemTime::now()).is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "the MPS daemon of GPU 0 never got ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A share: connected to its card's daemon, limited by its allocation.
+    let share = AllocatedDevice::share(&gpu, 30, 8192);
+    let pd = pod(&mut c, &keys, "share", share.clone()).await?;
+    let cid = c
+        .create_container(
+            &pd,
+            share_spec("env; echo shm=$(cat /dev/shm/tessera-fake-mps); ls \"$CUDA_MPS_PIPE_DIRECTORY\""),
+        )
+        .await?;
+    let s = c.oci_spec(&cid).await?;
+    assert_eq!(
+        s.annotations()
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_ENFORCED_BY))
+            .map(String::as_str),
+        Some("mps")
+    );
+    let (code, out) = c.run_to_exit(&cid).await?;
+    assert_eq!(code, 0, "{out}");
+    let env: BTreeMap<&str, &str> = out.lines().filter_map(|l| l.split_once('=')).collect();
+    let pipe = layout.pipe_dir(&gpu.uuid).display().to_string();
+    assert_eq!(env.get("CUDA_MPS_PIPE_DIRECTORY"), Some(&pipe.as_str()), "{out}");
+    assert_eq!(env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), Some(&"30"), "{out}");
+    let mem = format!("{}=8192M", gpu.uuid);
+    assert_eq!(
+        env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+        Some(&mem.as_str()),
+        "{out}"
+    );
+    // /dev/shm is the card's MPS shm (the daemon wrote its card there), and the pipe
+    // directory is the daemon's.
+    assert_eq!(env.get("shm"), Some(&gpu.uuid.as_str()), "{out}");
+    assert!(out.lines().any(|l| l == "daemon.pid"), "{out}");
+
+    // A whole card on the same node: no MPS.
+    let pd = pod(&mut c, &keys, "whole", AllocatedDevice::whole(&inv.gpus[1])).await?;
+    let cid = c
+        .create_container(
+            &pd,
+            ContainerSpec::new(
+                "main",
+                &["sh", "-c", "env; test ! -e /dev/shm/tessera-fake-mps && echo own-shm"],
+            )
+            .annotation("tessera.io/allocated.gpu-core", "100"),
+        )
+        .await?;
+    let (code, out) = c.run_to_exit(&cid).await?;
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("CUDA_MPS_") && out.contains("own-shm"), "{out}");
+
+    // The daemons stop: the next share is refused, saying why.
+    sup.stop();
+    let pd = pod(&mut c, &keys, "late", share.clone()).await?;
+    let err = c.create_container(&pd, share_spec("true")).await.unwrap_err();
+    let err = format!("{err:#}");
+    assert!(
+        err.contains(&format!("its share of {} cannot be enforced", gpu.uuid)) && err.contains("is stopped"),
+        "{err}"
+    );
+    let _ = stop_tx.send(());
+    task.await?;
+
+    // A node configured to run shares unenforced: admitted, and marked so.
+    let p = plugin(ShareEnforcement::None);
+    let mut synced = p.synchronized();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(session::run_external(c.nri_socket(), id, p, async move {
+        let _ = stop_rx.await;
+    }));
+    tokio::time::timeout(Duration::from_secs(15), synced.wait_for(|n| *n > 0)).await??;
+    let pd = pod(&mut c, &keys, "unenforced", share).await?;
+    let cid = c.create_container(&pd, share_spec("true")).await?;
+    let s = c.oci_spec(&cid).await?;
+    assert_eq!(
+        s.annotations()
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_ENFORCED_BY))
+            .map(String::as_str),
+        Some("none")
+    );
+    let _ = stop_tx.send(());
+    task.await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mps_shares_on_containerd_1_7() -> anyhow::Result<()> {
+    mps(Version::V1_7).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mps_shares_on_containerd_2() -> anyhow::Result<()> {
+    mps(Version::V2).await
+}
