@@ -153,7 +153,7 @@ pub async fn run(
                 if let (Some(client), Some(node)) = (&client, &config.node_name)
                     && published.as_ref() != Some(&inventory)
                 {
-                    match crate::publish::publish(client.clone(), node, &inventory).await {
+                    match crate::publish::publish(client.clone(), node, &inventory, config.spec.enforcement).await {
                         Ok(()) => {
                             info!(node, "inventory published");
                             published = Some(inventory);

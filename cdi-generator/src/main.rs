@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -7,6 +7,7 @@ use tessera_cdi_generator::daemon::{self, DaemonConfig};
 use tessera_cdi_generator::driver_report;
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{self, DEFAULT_CDI_DIR};
+use tessera_core::enforcement::{DEFAULT_MPS_ROOT, MpsLayout, ShareEnforcement};
 use tessera_core::inventory::{FixtureSource, InventorySource, NvmlSource};
 
 /// Tessera's CDI spec generator.
@@ -38,6 +39,28 @@ struct SourceArgs {
     nvml_library: Option<PathBuf>,
 }
 
+/// How the node holds shares; the same setting the NRI plugin and the MPS supervisor read.
+#[derive(Args, Clone)]
+struct EnforcementArgs {
+    /// `mps`: share devices connect to each card's MPS daemon (run by tessera-mps-supervisor);
+    /// `none`: shares run unenforced.
+    #[arg(long, env = "TESSERA_SHARE_ENFORCEMENT", default_value = "mps")]
+    share_enforcement: ShareEnforcement,
+    /// Where the MPS daemons' directories are (a host path).
+    #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT)]
+    mps_root: PathBuf,
+}
+
+impl EnforcementArgs {
+    fn spec(&self, dev_root: &Path) -> SpecOptions {
+        SpecOptions {
+            dev_root: dev_root.to_path_buf(),
+            enforcement: self.share_enforcement,
+            mps: MpsLayout::new(&self.mps_root),
+        }
+    }
+}
+
 impl SourceArgs {
     fn source(&self) -> Box<dyn InventorySource + Send + Sync> {
         match &self.fixture {
@@ -66,6 +89,8 @@ enum Command {
     Generate {
         #[command(flatten)]
         source: SourceArgs,
+        #[command(flatten)]
+        enforcement: EnforcementArgs,
         /// `-` for standard output, or a directory to write tessera.io-gpu.json into.
         #[arg(long, default_value = "-")]
         output: String,
@@ -83,6 +108,8 @@ enum Command {
     Run {
         #[command(flatten)]
         source: SourceArgs,
+        #[command(flatten)]
+        enforcement: EnforcementArgs,
         /// CDI spec directory.
         #[arg(long, default_value = DEFAULT_CDI_DIR)]
         cdi_dir: PathBuf,
@@ -99,17 +126,17 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     match Cli::parse().command {
-        Command::Generate { source, output } => {
+        Command::Generate {
+            source,
+            enforcement,
+            output,
+        } => {
             let inventory = source.source().discover().context("reading the GPU inventory")?;
-            let (_, text) = spec::render(
-                &inventory,
-                &SpecOptions {
-                    dev_root: source.dev_root.clone(),
-                },
-            )?;
+            let (_, text) = spec::render(&inventory, &enforcement.spec(&source.dev_root))?;
             if output == "-" {
                 print!("{text}");
             } else {
@@ -132,15 +159,14 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Run {
             source,
+            enforcement,
             cdi_dir,
             interval_secs,
             node_name,
         } => {
             let config = DaemonConfig {
                 cdi_dir,
-                spec: SpecOptions {
-                    dev_root: source.dev_root.clone(),
-                },
+                spec: enforcement.spec(&source.dev_root),
                 interval: Duration::from_secs(interval_secs.max(1)),
                 node_name,
             };

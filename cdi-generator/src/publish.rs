@@ -3,21 +3,32 @@
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
+use tessera_core::enforcement::ShareEnforcement;
 use tessera_core::inventory::{NodeInventory, PublishedInventory};
 use tessera_core::names::ANNOTATION_INVENTORY;
 
-/// The merge patch that sets the annotation.
-pub fn patch_body(inventory: &NodeInventory) -> serde_json::Value {
+/// The merge patch that sets the annotation: the inventory and how the node enforces shares.
+pub fn patch_body(inventory: &NodeInventory, enforcement: ShareEnforcement) -> serde_json::Value {
+    let published = PublishedInventory::of(inventory).enforced_by(enforcement);
     serde_json::json!({
-        "metadata": { "annotations": { ANNOTATION_INVENTORY: PublishedInventory::of(inventory).encode() } }
+        "metadata": { "annotations": { ANNOTATION_INVENTORY: published.encode() } }
     })
 }
 
 /// Patches `node` with the inventory annotation.
-pub async fn publish(client: kube::Client, node: &str, inventory: &NodeInventory) -> Result<(), kube::Error> {
+pub async fn publish(
+    client: kube::Client,
+    node: &str,
+    inventory: &NodeInventory,
+    enforcement: ShareEnforcement,
+) -> Result<(), kube::Error> {
     let nodes: Api<Node> = Api::all(client);
     nodes
-        .patch(node, &PatchParams::default(), &Patch::Merge(patch_body(inventory)))
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(patch_body(inventory, enforcement)),
+        )
         .await?;
     Ok(())
 }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use tessera_core::enforcement::{MpsLayout, ShareEnforcement};
 use tessera_core::inventory::{DeviceNode, DriverFileKind, Gpu, NodeInventory};
 use tessera_core::names::CDI_KIND;
 
@@ -108,11 +109,20 @@ pub struct SpecOptions {
     /// Host root under which the device nodes are (`/` in production; a test root in tests,
     /// which then becomes each node's `hostPath`).
     pub dev_root: PathBuf,
+    /// How the node holds shares to their limits; with MPS, share devices connect to their
+    /// card's daemon.
+    pub enforcement: ShareEnforcement,
+    /// Where the MPS daemons' directories are.
+    pub mps: MpsLayout,
 }
 
 impl Default for SpecOptions {
     fn default() -> Self {
-        Self { dev_root: "/".into() }
+        Self {
+            dev_root: "/".into(),
+            enforcement: ShareEnforcement::None,
+            mps: MpsLayout::default(),
+        }
     }
 }
 
@@ -181,19 +191,24 @@ fn common_edits(inv: &NodeInventory, opts: &SpecOptions) -> CdiEdits {
     edits
 }
 
-fn share_edits(gpu: &Gpu, inv: &NodeInventory, opts: &SpecOptions) -> CdiEdits {
+/// A share device: the card's node and, on MPS nodes, what connects the container to the card's
+/// MPS daemon (its pipe directory, and its shm directory as `/dev/shm`). The limits themselves
+/// come per container from the signed allocation (the NRI plugin adds them).
+fn share_edits(gpu: &Gpu, opts: &SpecOptions) -> CdiEdits {
     let mut edits = CdiEdits {
         device_nodes: vec![node(&gpu.device, opts)],
         ..Default::default()
     };
-    if let Some(dir) = &inv.mps_pipe_dir {
-        let d = dir.display().to_string();
-        edits.env.push(format!("CUDA_MPS_PIPE_DIRECTORY={d}"));
-        edits.mounts.push(CdiMount {
-            host_path: d.clone(),
-            container_path: d,
+    if opts.enforcement == ShareEnforcement::Mps {
+        let rw = |host: PathBuf, container: &str| CdiMount {
+            host_path: host.display().to_string(),
+            container_path: container.to_string(),
             options: vec!["rw".into(), "nosuid".into(), "nodev".into(), "bind".into()],
-        });
+        };
+        let pipe = opts.mps.pipe_dir(&gpu.uuid);
+        edits.env.push(format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display()));
+        edits.mounts.push(rw(pipe.clone(), &pipe.display().to_string()));
+        edits.mounts.push(rw(opts.mps.shm_dir(&gpu.uuid), "/dev/shm"));
     }
     edits
 }
@@ -249,7 +264,7 @@ pub fn build(inv: &NodeInventory, opts: &SpecOptions) -> CdiSpec {
                 container_edits: whole.clone(),
             });
         }
-        let share = share_edits(gpu, inv, opts);
+        let share = share_edits(gpu, opts);
         let annotations = BTreeMap::from([(SHARE_ANNOTATION.to_string(), gpu.uuid.clone())]);
         for name in share_names(gpu) {
             devices.push(CdiDevice {

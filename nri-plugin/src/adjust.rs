@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use tessera_core::enforcement::ANNOTATION_ENFORCED_BY;
 use tessera_core::injection::{ANNOTATION_INJECTED, GPU_EXPOSING_ENV, Grant};
 use tessera_proto::nri::api;
 
@@ -85,6 +86,9 @@ pub fn grant(grant: &Grant, edits: &Edits) -> api::ContainerAdjustment {
     }
     adj.annotations
         .insert(ANNOTATION_INJECTED.into(), grant.uuids.join(","));
+    if let Some(mode) = grant.enforced_by {
+        adj.annotations.insert(ANNOTATION_ENFORCED_BY.into(), mode.to_string());
+    }
     adj
 }
 

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use tessera_core::enforcement::{MpsLayout, ShareEnforcement};
 use tessera_core::handoff::SigningKeys;
 use tessera_core::names::CDI_KIND;
 
@@ -62,6 +63,10 @@ pub struct CheckOptions {
     pub driver_root: Option<PathBuf>,
     /// Host directory holding `/dev`.
     pub dev_root: PathBuf,
+    /// How the node holds shares to their limits.
+    pub enforcement: ShareEnforcement,
+    /// Where the MPS daemons keep their state.
+    pub mps: MpsLayout,
 }
 
 fn finding(level: Level, what: &'static str, detail: impl Into<String>) -> Finding {
@@ -78,7 +83,76 @@ pub fn run(opts: &CheckOptions) -> Vec<Finding> {
     out.extend(check_runtime_config(opts));
     out.push(check_cdi(&opts.cdi_dirs));
     out.push(check_driver(opts));
+    out.push(check_enforcement(opts));
     out.push(check_keys(&opts.keys_dir));
+    out
+}
+
+/// The node's share enforcement: with MPS, every card that hosts shares in Tessera's spec
+/// must have a ready daemon.
+fn check_enforcement(opts: &CheckOptions) -> Finding {
+    let what = "share limits";
+    match opts.enforcement {
+        ShareEnforcement::None | ShareEnforcement::Unknown => finding(
+            Level::Warn,
+            what,
+            "share enforcement none: shares run unenforced (their compute and memory limits are labels)",
+        ),
+        ShareEnforcement::Mps => {
+            let cards = share_cards(&opts.cdi_dirs);
+            if cards.is_empty() {
+                return finding(
+                    Level::Warn,
+                    what,
+                    "mps: no share device in the CDI spec, so no daemon is needed yet",
+                );
+            }
+            let now = std::time::SystemTime::now();
+            let down: Vec<String> = cards.iter().filter_map(|u| opts.mps.ready(u, now).err()).collect();
+            if down.is_empty() {
+                finding(
+                    Level::Ok,
+                    what,
+                    format!(
+                        "mps: {} card daemon(s) ready under {}",
+                        cards.len(),
+                        opts.mps.root.display()
+                    ),
+                )
+            } else {
+                finding(
+                    Level::Fail,
+                    what,
+                    format!(
+                        "mps: {} of {} card daemon(s) not ready, so shares there are refused: {} \
+                         (is tessera-mps-supervisor running? `tessera-mps-supervisor status`)",
+                        down.len(),
+                        cards.len(),
+                        down.join("; ")
+                    ),
+                )
+            }
+        }
+    }
+}
+
+/// The cards Tessera's spec offers shares of (the `tessera.io/share` annotation of share devices).
+fn share_cards(dirs: &[PathBuf]) -> Vec<String> {
+    let mut out: Vec<String> = dirs
+        .iter()
+        .filter_map(|d| std::fs::read_to_string(d.join("tessera.io-gpu.json")).ok())
+        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .flat_map(|v| {
+            v["devices"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|d| d["annotations"]["tessera.io/share"].as_str().map(str::to_string))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
     out
 }
 

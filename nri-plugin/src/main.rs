@@ -3,6 +3,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use tessera_core::enforcement::{DEFAULT_MPS_ROOT, MpsLayout, ShareEnforcement};
 use tessera_core::handoff::SigningKeys;
 use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
 use tessera_nri_plugin::session::{self, Identity};
@@ -35,9 +36,13 @@ struct RunArgs {
     /// CDI spec directories, lowest priority first.
     #[arg(long = "cdi-dir", default_values = ["/etc/cdi", "/var/run/cdi"])]
     cdi_dirs: Vec<PathBuf>,
-    /// The node runs an MPS control daemon: add MPS limits to shares.
-    #[arg(long)]
-    mps: bool,
+    /// How this node holds shares to their limits: `mps` (Tessera's MPS daemons; a share
+    /// whose daemon is down is refused) or `none` (shares run unenforced, annotated so).
+    #[arg(long, env = "TESSERA_SHARE_ENFORCEMENT", default_value = "mps")]
+    share_enforcement: ShareEnforcement,
+    /// Where the MPS supervisor keeps each card's daemon directories and state.
+    #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT)]
+    mps_root: PathBuf,
 }
 
 #[derive(Parser, Clone)]
@@ -66,6 +71,12 @@ struct CheckArgs {
     /// Host directory holding `dev/`.
     #[arg(long, default_value = "/")]
     dev_root: PathBuf,
+    /// How this node holds shares to their limits (as `run` is told).
+    #[arg(long, env = "TESSERA_SHARE_ENFORCEMENT", default_value = "mps")]
+    share_enforcement: ShareEnforcement,
+    /// Where the MPS supervisor keeps each card's daemon state.
+    #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT)]
+    mps_root: PathBuf,
 }
 
 #[derive(Subcommand, Clone)]
@@ -88,6 +99,8 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
         host_root: args.host_root,
         driver_root: args.driver_root,
         dev_root: args.dev_root,
+        enforcement: args.share_enforcement,
+        mps: MpsLayout::new(args.mps_root),
     });
     for f in &findings {
         println!("{f}");
@@ -118,7 +131,8 @@ fn plugin(args: &RunArgs) -> anyhow::Result<Arc<TesseraPlugin>> {
             node: node_name(args.node_name.clone())?,
             keys,
             cdi_dirs: args.cdi_dirs.clone(),
-            mps: args.mps,
+            enforcement: args.share_enforcement,
+            mps: MpsLayout::new(&args.mps_root),
         })
         .reloading_keys_from(args.keys_dir.clone()),
     ))
@@ -128,6 +142,7 @@ fn plugin(args: &RunArgs) -> anyhow::Result<Arc<TesseraPlugin>> {
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let cli = Cli::parse();

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use tessera_core::enforcement::{MpsLayout, ShareEnforcement};
 use tessera_core::handoff::{HandoffError, SigningKeys};
 use tessera_core::injection::{self, ANNOTATION_INJECTED, Injection, NodeContext};
 use tessera_proto::nri::api;
@@ -43,8 +44,10 @@ pub struct PluginConfig {
     pub keys: SigningKeys,
     /// CDI spec directories.
     pub cdi_dirs: Vec<PathBuf>,
-    /// The node runs MPS (adds MPS limits to shares).
-    pub mps: bool,
+    /// How this node holds shares to their limits.
+    pub enforcement: ShareEnforcement,
+    /// Where the MPS daemons keep their state (with [`ShareEnforcement::Mps`]).
+    pub mps: MpsLayout,
 }
 
 /// The plugin's state, shared by all sessions (it survives reconnects).
@@ -102,12 +105,14 @@ impl TesseraPlugin {
         container: &str,
         ctr_annotations: &BTreeMap<String, String>,
     ) -> Result<Injection, injection::InjectionError> {
+        let ready = |uuid: &str| self.config.mps.ready(uuid, std::time::SystemTime::now());
         let attempt = || {
             let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
             let ctx = NodeContext {
                 node: &self.config.node,
                 keys: &keys,
-                mps: self.config.mps,
+                enforcement: self.config.enforcement,
+                share_ready: &ready,
             };
             injection::decide(&ctx, &pod.uid, pod_annotations, container, ctr_annotations)
         };
@@ -159,6 +164,13 @@ impl TesseraPlugin {
         {
             Injection::Deny => Ok(adjust::deny(container)),
             Injection::Grant(grant) => {
+                if grant.enforced_by == Some(ShareEnforcement::None) {
+                    warn!(
+                        pod = pod.name,
+                        container = container.name,
+                        "this node runs shares unenforced: the container's compute and memory limits are not held"
+                    );
+                }
                 let edits = self
                     .cdi
                     .lock()
@@ -361,13 +373,14 @@ mod tests {
         }
         .discover()
         .unwrap();
-        let (_, text) = spec::render(&inv, &SpecOptions { dev_root: "/".into() }).unwrap();
+        let (_, text) = spec::render(&inv, &SpecOptions::default()).unwrap();
         std::fs::write(cdi_dir.join("tessera.io-gpu.json"), text).unwrap();
         let plugin = TesseraPlugin::new(PluginConfig {
             node: "n".into(),
             keys: SigningKeys::from_dir(&keys_dir).unwrap(),
             cdi_dirs: vec![cdi_dir],
-            mps: false,
+            enforcement: ShareEnforcement::None,
+            mps: MpsLayout::default(),
         })
         .reloading_keys_from(keys_dir.clone());
 

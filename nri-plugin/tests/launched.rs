@@ -43,7 +43,13 @@ fn install(c: &Containerd, work: &Path) -> anyhow::Result<()> {
 fn prepare(c: &Containerd, work: &Path) -> anyhow::Result<NodeInventory> {
     let inv = fake_node("h100x8", work)?;
     let dev_root = FakeNodePaths::under(work).dev_root;
-    let (_, text) = spec::render(&inv, &SpecOptions { dev_root })?;
+    let (_, text) = spec::render(
+        &inv,
+        &SpecOptions {
+            dev_root,
+            ..Default::default()
+        },
+    )?;
     write_spec(&c.cdi_dir(), SPEC_FILE, &text)?;
     install(c, work)?;
     Ok(inv)
@@ -173,6 +179,7 @@ async fn check_reports_a_ready_node_and_a_stopped_runtime() -> anyhow::Result<()
             .arg(&driver)
             .arg("--dev-root")
             .arg(&dev)
+            .args(["--share-enforcement", "none"])
             .output()
     };
     let out = check(&c)?;
@@ -184,6 +191,7 @@ async fn check_reports_a_ready_node_and_a_stopped_runtime() -> anyhow::Result<()
         "[ok  ] containerd CDI",
         "[ok  ] CDI spec",
         "[ok  ] NVIDIA driver",
+        "[WARN] share limits     share enforcement none",
         "[ok  ] hand-off keys",
     ] {
         assert!(text.contains(line), "missing {line:?} in:\n{text}");

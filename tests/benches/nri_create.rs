@@ -107,7 +107,8 @@ async fn bench(version: Version) -> anyhow::Result<()> {
             node: "node-a".into(),
             keys: keys.clone(),
             cdi_dirs: vec![c.cdi_dir()],
-            mps: false,
+            enforcement: tessera_core::enforcement::ShareEnforcement::None,
+            mps: Default::default(),
         }));
         let mut synced = plugin.synchronized();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -137,7 +138,8 @@ async fn bench(version: Version) -> anyhow::Result<()> {
         node: "node-a".into(),
         keys: keys.clone(),
         cdi_dirs: vec![c.cdi_dir()],
-        mps: false,
+        enforcement: tessera_core::enforcement::ShareEnforcement::None,
+        mps: Default::default(),
     });
     let mut a = Allocation::new("node-a", "uid-inproc");
     a.containers.push(ContainerAllocation {

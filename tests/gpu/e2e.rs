@@ -1,20 +1,22 @@
 //! `tessera-gpu-e2e`: Tessera's node stack on a real GPU, case by case, on containerd 1.7 and
-//! 2.x, printed as a table (runtime, case, expected, observed, verdict). Run by
+//! 2.x, printed as a table (runtime, case, expected, verdict, observed). Run by
 //! `tests/gpu/run.sh`, which builds the CUDA probe image; see that script.
 //!
 //! The spec comes from `tessera-cdi-generator generate` with no flags (NVML, the driver found
-//! where the node keeps it), the NRI plugin is the release binary connected to each containerd,
-//! and containers are created through CRI as the kubelet creates them. With `--dry-run` (no
-//! GPU) the same cases run against a fixture node and a shell probe, which checks the plumbing,
-//! not CUDA.
+//! where the node keeps it, shares enforced by MPS), the MPS daemons from
+//! `tessera-mps-supervisor`, the NRI plugin is the release binary connected to each containerd,
+//! and containers are created through CRI as the kubelet creates them. Share limits are judged
+//! against the whole card measured in the same run. With `--dry-run` (no GPU) the same cases run
+//! against a fixture node, a fake MPS daemon and a shell probe: the plumbing, not CUDA.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
+use tessera_core::enforcement::MpsLayout;
 use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
 use tessera_core::inventory::{InventorySource, NodeInventory, NvmlSource};
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
@@ -29,15 +31,22 @@ const PROBE_IMAGE: &str = "docker.io/tessera/probe:gpu";
 struct Args {
     bin_dir: PathBuf,
     probe_image: PathBuf,
-    dry_run: bool,
+    /// `--dry-run`: a fake MPS control program stands in for the driver's.
+    fake_mps_control: Option<PathBuf>,
     out: Option<PathBuf>,
+}
+
+impl Args {
+    fn dry_run(&self) -> bool {
+        self.fake_mps_control.is_some()
+    }
 }
 
 fn args() -> anyhow::Result<Args> {
     let mut a = Args {
         bin_dir: PathBuf::new(),
         probe_image: PathBuf::new(),
-        dry_run: false,
+        fake_mps_control: None,
         out: None,
     };
     let mut it = std::env::args().skip(1);
@@ -46,16 +55,15 @@ fn args() -> anyhow::Result<Args> {
             "--bin-dir" => a.bin_dir = it.next().context("--bin-dir DIR")?.into(),
             "--probe-image" => a.probe_image = it.next().context("--probe-image TAR")?.into(),
             "--out" => a.out = Some(it.next().context("--out FILE")?.into()),
-            "--dry-run" => a.dry_run = true,
-            other => {
-                bail!("unknown argument {other:?}; usage: --bin-dir DIR --probe-image TAR [--dry-run] [--out FILE]")
-            }
+            "--dry-run" => a.fake_mps_control = Some(it.next().context("--dry-run FAKE_MPS_CONTROL")?.into()),
+            other => bail!(
+                "unknown argument {other:?}; usage: --bin-dir DIR --probe-image TAR [--dry-run FAKE_MPS_CONTROL] [--out FILE]"
+            ),
         }
     }
-    anyhow::ensure!(
-        a.bin_dir.join("tessera-nri-plugin").exists(),
-        "--bin-dir must hold the release binaries"
-    );
+    for b in ["tessera-nri-plugin", "tessera-cdi-generator", "tessera-mps-supervisor"] {
+        anyhow::ensure!(a.bin_dir.join(b).exists(), "--bin-dir must hold {b}");
+    }
     anyhow::ensure!(
         a.probe_image.exists(),
         "--probe-image {} does not exist",
@@ -64,13 +72,21 @@ fn args() -> anyhow::Result<Args> {
     Ok(a)
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Pass,
+    Fail,
+    /// A measurement shown for the record (behaviour Tessera avoids by placement).
+    Info,
+}
+
 /// One row of the table.
 struct Row {
     runtime: String,
     case: &'static str,
     expected: String,
     observed: String,
-    pass: bool,
+    verdict: Verdict,
 }
 
 /// The probe's `key=value` lines.
@@ -81,10 +97,23 @@ fn parse(out: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+fn num(kv: &BTreeMap<String, String>, k: &str) -> Option<f64> {
+    kv.get(k).and_then(|v| v.parse().ok())
+}
+
 fn summary(kv: &BTreeMap<String, String>) -> String {
     let get = |k: &str| kv.get(k).map(String::as_str).unwrap_or("-");
     let mut s = format!("devices={}", get("devices"));
-    for k in ["name", "sms", "mem_total_mib", "alloc", "kernels_per_s", "error"] {
+    for k in [
+        "name",
+        "sms",
+        "mem_total_mib",
+        "alloc",
+        "kernels_per_s",
+        "mps_threads",
+        "mps_shm",
+        "error",
+    ] {
         if let Some(v) = kv.get(k) {
             let _ = write!(s, " {k}={v}");
         }
@@ -92,14 +121,51 @@ fn summary(kv: &BTreeMap<String, String>) -> String {
     s
 }
 
+/// What the whole card showed (the baseline for shares).
+#[derive(Clone, Copy, Default)]
+struct Baseline {
+    sms: Option<f64>,
+    rate: Option<f64>,
+}
+
+/// A share's probe output judged against the baseline: about `percent`% of the SMs, at most
+/// `mib` of memory, a 20 GiB allocation refused. Dry: connected to the card's (fake) daemon.
+fn judge_share(
+    dry: bool,
+    kv: &BTreeMap<String, String>,
+    base: Baseline,
+    uuid: &str,
+    percent: f64,
+    mib: f64,
+) -> (bool, String) {
+    let mut observed = summary(kv);
+    if let (Some(r), Some(w)) = (num(kv, "kernels_per_s"), base.rate) {
+        let _ = write!(observed, " throughput {:.2}x whole", r / w);
+    }
+    if let (Some(s), Some(w)) = (num(kv, "sms"), base.sms) {
+        let _ = write!(observed, " ({:.0}% of the SMs)", 100.0 * s / w);
+    }
+    let pass = if dry {
+        kv.get("mps_threads").map(String::as_str) == Some("30") && kv.get("mps_shm").map(String::as_str) == Some(uuid)
+    } else {
+        let sms_ok = match (num(kv, "sms"), base.sms) {
+            (Some(s), Some(w)) => (s / w) > (percent - 10.0) / 100.0 && (s / w) < (percent + 15.0) / 100.0,
+            _ => false,
+        };
+        kv.get("devices").map(String::as_str) == Some("1")
+            && sms_ok
+            && num(kv, "mem_total_mib").is_some_and(|m| m <= mib + 1024.0)
+            && kv.get("alloc").is_some_and(|a| a != "ok")
+    };
+    (pass, observed)
+}
+
 struct Stack {
     c: Containerd,
     keys: SigningKeys,
-    inv: NodeInventory,
     plugin: Child,
     plugin_log: PathBuf,
     pods: usize,
-    dry_run: bool,
 }
 
 impl Stack {
@@ -130,8 +196,8 @@ impl Stack {
             .await
     }
 
-    fn spec(&self, name: &str, cmd: &[&str], amounts: &[(&str, &str)]) -> ContainerSpec {
-        let mut spec = ContainerSpec::new(name, cmd).image(PROBE_IMAGE);
+    fn spec(&self, cmd: &[&str], amounts: &[(&str, &str)]) -> ContainerSpec {
+        let mut spec = ContainerSpec::new("main", cmd).image(PROBE_IMAGE);
         for (k, v) in amounts {
             spec = spec.annotation(&format!("tessera.io/allocated.{k}"), v);
         }
@@ -177,13 +243,9 @@ impl Stack {
         self.start(&id).await.map_err(|e| format!("{e:#}"))?;
         self.wait(&id, 120).await.map_err(|e| format!("{e:#}"))
     }
-
-    fn probe(&self, extra: &[&'static str]) -> Vec<&'static str> {
-        let mut v = vec!["/probe"];
-        v.extend_from_slice(extra);
-        v
-    }
 }
+
+const SHARE: [(&str, &str); 3] = [("gpu-core", "30"), ("gpu-memory", "8"), ("gpu-memory-mib", "8192")];
 
 fn write_keys(dir: &Path) -> anyhow::Result<SigningKeys> {
     std::fs::create_dir_all(dir)?;
@@ -192,24 +254,29 @@ fn write_keys(dir: &Path) -> anyhow::Result<SigningKeys> {
     Ok(SigningKeys::from_dir(dir)?)
 }
 
-/// Starts the release NRI plugin against `c` and waits for it to register.
-fn start_plugin(bin_dir: &Path, c: &Containerd, keys: &Path, log: &Path) -> anyhow::Result<Child> {
+fn spawn_logged(cmd: &mut Command, log: &Path) -> anyhow::Result<Child> {
     let f = std::fs::File::create(log)?;
-    let child = Command::new(bin_dir.join("tessera-nri-plugin"))
-        .arg("run")
-        .arg("--socket")
-        .arg(c.nri_socket())
-        .arg("--keys-dir")
-        .arg(keys)
-        .arg("--cdi-dir")
-        .arg(c.cdi_dir())
-        .arg("--node-name")
-        .arg(NODE)
-        .stdin(Stdio::null())
-        .stdout(f.try_clone()?)
-        .stderr(f)
-        .spawn()
-        .context("starting tessera-nri-plugin")?;
+    Ok(cmd.stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f).spawn()?)
+}
+
+/// Starts the release NRI plugin against `c` and waits for it to synchronise.
+fn start_plugin(a: &Args, c: &Containerd, keys: &Path, mps: &MpsLayout, log: &Path) -> anyhow::Result<Child> {
+    let child = spawn_logged(
+        Command::new(a.bin_dir.join("tessera-nri-plugin"))
+            .arg("run")
+            .arg("--socket")
+            .arg(c.nri_socket())
+            .arg("--keys-dir")
+            .arg(keys)
+            .arg("--cdi-dir")
+            .arg(c.cdi_dir())
+            .arg("--node-name")
+            .arg(NODE)
+            .arg("--mps-root")
+            .arg(&mps.root),
+        log,
+    )
+    .context("starting tessera-nri-plugin")?;
     let deadline = Instant::now() + Duration::from_secs(20);
     while !std::fs::read_to_string(log)
         .unwrap_or_default()
@@ -225,17 +292,45 @@ fn start_plugin(bin_dir: &Path, c: &Containerd, keys: &Path, log: &Path) -> anyh
     Ok(child)
 }
 
-/// The spec: on a GPU, `tessera-cdi-generator generate` with no flags (its case row); dry,
-/// from the fixture on a fake node.
+/// Starts the MPS supervisor: the driver's daemon on a GPU, the fake one dry.
+fn start_supervisor(a: &Args, mps: &MpsLayout, log: &Path) -> anyhow::Result<Child> {
+    let mut cmd = Command::new(a.bin_dir.join("tessera-mps-supervisor"));
+    cmd.arg("run").arg("--mps-root").arg(&mps.root);
+    if let Some(fake) = &a.fake_mps_control {
+        cmd.args(["--fixture", "h100x8", "--check-secs", "1", "--control-binary"])
+            .arg(fake);
+    }
+    spawn_logged(&mut cmd, log).context("starting tessera-mps-supervisor")
+}
+
+fn stop(mut child: Child) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The spec: on a GPU, `tessera-cdi-generator generate` with no flags but the output (its
+/// case row); dry, from the fixture on a fake node.
 fn generate_spec(
     a: &Args,
     c: &Containerd,
     work: &Path,
+    mps: &MpsLayout,
     rows: &mut Vec<Row>,
     runtime: &str,
 ) -> anyhow::Result<NodeInventory> {
     let generator = a.bin_dir.join("tessera-cdi-generator");
-    let (out, inv) = if a.dry_run {
+    let (out, inv) = if a.dry_run() {
         let inv = fake_node("h100x8", work)?;
         let paths = FakeNodePaths::under(work);
         let out = Command::new(&generator)
@@ -243,6 +338,8 @@ fn generate_spec(
             .arg(&paths.driver_root)
             .arg("--dev-root")
             .arg(&paths.dev_root)
+            .arg("--mps-root")
+            .arg(&mps.root)
             .arg("--output")
             .arg(c.cdi_dir())
             .output()?;
@@ -262,6 +359,7 @@ fn generate_spec(
     };
     let spec = std::fs::read_to_string(c.cdi_dir().join("tessera.io-gpu.json")).unwrap_or_default();
     let libcuda = spec.contains("/usr/local/nvidia/lib64/libcuda.so.1");
+    let mps_edits = spec.contains("CUDA_MPS_PIPE_DIRECTORY=");
     let driver = Command::new(&generator).arg("driver").output()?;
     let root = String::from_utf8_lossy(&driver.stdout)
         .lines()
@@ -270,16 +368,25 @@ fn generate_spec(
     rows.push(Row {
         runtime: runtime.into(),
         case: "spec generated with no flags",
-        expected: "exit 0; libcuda.so.1 mounted; driver root detected".into(),
+        expected: "exit 0; libcuda.so.1 mounted; shares through MPS; root detected".into(),
         observed: format!(
-            "exit {}; libcuda {}; {} driver file(s); root {root}",
+            "exit {}; libcuda {}; MPS edits {}; {} driver file(s); root {root}",
             out.status.code().unwrap_or(-1),
             if libcuda { "mounted" } else { "MISSING" },
+            if mps_edits { "present" } else { "MISSING" },
             inv.driver_files.len()
         ),
-        pass: out.status.success() && libcuda,
+        verdict: if out.status.success() && libcuda && mps_edits {
+            Verdict::Pass
+        } else {
+            Verdict::Fail
+        },
     });
     Ok(inv)
+}
+
+fn pass(ok: bool) -> Verdict {
+    if ok { Verdict::Pass } else { Verdict::Fail }
 }
 
 async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
@@ -287,108 +394,180 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
     let runtime = format!("containerd {}", c.package_version());
     c.import_image(&a.probe_image)?;
     let work = tempfile::tempdir()?;
-    let mut rows = Vec::new();
-    let inv = generate_spec(a, &c, work.path(), &mut rows, &runtime)?;
-    let keys_dir = work.path().join("keys");
-    let keys = write_keys(&keys_dir)?;
-    let plugin_log = work.path().join("plugin.log");
-    let plugin = start_plugin(&a.bin_dir, &c, &keys_dir, &plugin_log)?;
-    let mut s = Stack {
-        c,
-        keys,
-        inv,
-        plugin,
-        plugin_log,
-        pods: 0,
-        dry_run: a.dry_run,
+    let mps = if a.dry_run() {
+        MpsLayout::new(work.path().join("mps"))
+    } else {
+        MpsLayout::default()
     };
-    let gpu = s.inv.gpus.first().context("no GPU in the inventory")?.clone();
-    let row = |case, expected: String, observed: String, pass| Row {
+    let mut rows = Vec::new();
+    let inv = generate_spec(a, &c, work.path(), &mps, &mut rows, &runtime)?;
+    let gpu = inv.gpus.first().context("no GPU in the inventory")?.clone();
+    let dry = a.dry_run();
+    let row = |case, expected: String, observed: String, verdict| Row {
         runtime: runtime.clone(),
         case,
         expected,
         observed,
-        pass,
+        verdict,
+    };
+
+    // The card's MPS daemon.
+    let sup_log = work.path().join("supervisor.log");
+    let supervisor = start_supervisor(a, &mps, &sup_log)?;
+    let t0 = Instant::now();
+    let ready = loop {
+        match mps.ready(&gpu.uuid, SystemTime::now()) {
+            Ok(()) => break Ok(t0.elapsed()),
+            Err(e) if t0.elapsed() > Duration::from_secs(60) => break Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    rows.push(row(
+        "MPS daemon of the card",
+        "ready (Default compute mode kept)".into(),
+        match &ready {
+            Ok(d) => format!("ready after {:.1}s", d.as_secs_f64()),
+            Err(e) => format!("{e}; log: {}", std::fs::read_to_string(&sup_log).unwrap_or_default()),
+        },
+        pass(ready.is_ok()),
+    ));
+
+    let keys_dir = work.path().join("keys");
+    let keys = write_keys(&keys_dir)?;
+    let plugin_log = work.path().join("plugin.log");
+    let plugin = start_plugin(a, &c, &keys_dir, &mps, &plugin_log)?;
+    let mut s = Stack {
+        c,
+        keys,
+        plugin,
+        plugin_log,
+        pods: 0,
     };
 
     // Whole card: the baseline for every ratio below.
     let pod = s.pod("whole", vec![AllocatedDevice::whole(&gpu)], false).await?;
-    let spec = s.spec("main", &s.probe(&["--bench-ms", "3000"]), &[("gpu-core", "100")]);
-    let (whole, whole_rate) = match s.run(&pod, spec).await {
+    let spec = s.spec(&["/probe", "--bench-ms", "3000"], &[("gpu-core", "100")]);
+    let mut base = Baseline::default();
+    let (verdict, observed) = match s.run(&pod, spec).await {
         Ok((code, out)) => {
             let kv = parse(&out);
-            let ok = code == 0 && kv.get("devices").map(String::as_str) == Some("1");
-            let rate = kv.get("kernels_per_s").and_then(|v| v.parse::<f64>().ok());
-            ((ok, summary(&kv)), rate)
+            base = Baseline {
+                sms: num(&kv, "sms"),
+                rate: num(&kv, "kernels_per_s"),
+            };
+            let ok = code == 0 && kv.get("devices").map(String::as_str) == Some("1") && !kv.contains_key("mps_threads");
+            (pass(ok), summary(&kv))
         }
-        Err(e) => ((false, e), None),
+        Err(e) => (Verdict::Fail, e),
     };
     rows.push(row(
-        "whole card",
-        format!("1 device ({}), all SMs, {} MiB", gpu.model, gpu.memory_mib),
-        whole.1,
-        whole.0,
+        "whole card (the baseline)",
+        format!("1 device ({}), all SMs, {} MiB, no MPS", gpu.model, gpu.memory_mib),
+        observed,
+        verdict,
     ));
 
-    // A 30% + 8 GiB share.
+    // A 30% + 8 GiB share, alone.
     let share = AllocatedDevice::share(&gpu, 30, 8192);
-    let amounts = [("gpu-core", "30"), ("gpu-memory", "8"), ("gpu-memory-mib", "8192")];
     let pod = s.pod("share", vec![share.clone()], false).await?;
-    let spec = s.spec("main", &s.probe(&["--alloc-gib", "20", "--bench-ms", "3000"]), &amounts);
-    let (pass, observed) = match s.run(&pod, spec).await {
-        Ok((code, out)) => {
-            let kv = parse(&out);
-            let ratio = kv
-                .get("kernels_per_s")
-                .and_then(|v| v.parse::<f64>().ok())
-                .zip(whole_rate)
-                .map(|(r, w)| format!(" throughput {:.2}x whole", r / w))
-                .unwrap_or_default();
-            (
-                code == 0 && kv.get("devices").map(String::as_str) == Some("1"),
-                summary(&kv) + &ratio,
-            )
+    let spec = s.spec(&["/probe", "--alloc-gib", "20", "--bench-ms", "3000"], &SHARE);
+    let (verdict, observed) = match s.run(&pod, spec).await {
+        Ok((_, out)) => {
+            let (ok, o) = judge_share(dry, &parse(&out), base, &gpu.uuid, 30.0, 8192.0);
+            (pass(ok), o)
         }
-        Err(e) => (false, e),
+        Err(e) => (Verdict::Fail, e),
     };
     rows.push(row(
         "30% + 8 GiB share",
-        "1 device (limits: not enforced without MPS or the hook)".into(),
+        "~30% of the SMs, <= 8 GiB, 20 GiB cudaMalloc fails".into(),
         observed,
-        pass,
+        verdict,
     ));
 
-    // Two shares at the same time on the same card.
+    // Two shares at the same time on the card.
     let mut ids = Vec::new();
     for n in ["share-a", "share-b"] {
         let pod = s.pod(n, vec![share.clone()], false).await?;
-        let spec = s.spec("main", &s.probe(&["--bench-ms", "3000"]), &amounts);
+        let spec = s.spec(&["/probe", "--alloc-gib", "20", "--bench-ms", "5000"], &SHARE);
         ids.push(s.create(&pod, spec).await);
     }
-    let mut outs = Vec::new();
     for id in ids.iter().flatten() {
         s.start(id).await?;
     }
+    let mut judged = Vec::new();
     for id in ids.iter().flatten() {
-        outs.push(s.wait(id, 120).await.map(|(c, o)| (c, parse(&o))));
+        judged.push(match s.wait(id, 120).await {
+            Ok((_, out)) => judge_share(dry, &parse(&out), base, &gpu.uuid, 30.0, 8192.0),
+            Err(e) => (false, format!("{e:#}")),
+        });
     }
-    let both = outs.len() == 2
-        && outs
-            .iter()
-            .all(|r| matches!(r, Ok((0, kv)) if kv.get("devices").map(String::as_str) == Some("1")));
+    for e in ids.iter().filter_map(|r| r.as_ref().err()) {
+        judged.push((false, e.clone()));
+    }
     rows.push(row(
-        "two shares at once",
-        "both run on the card at the same time".into(),
-        outs.iter()
-            .map(|r| match r {
-                Ok((_, kv)) => summary(kv),
-                Err(e) => format!("{e:#}"),
-            })
-            .chain(ids.iter().filter_map(|r| r.as_ref().err().cloned()))
-            .collect::<Vec<_>>()
-            .join(" | "),
-        both,
+        "two 30% + 8 GiB shares at once",
+        "each ~30% of the SMs and <= 8 GiB, side by side".into(),
+        judged.iter().map(|(_, o)| o.as_str()).collect::<Vec<_>>().join(" | "),
+        pass(judged.len() == 2 && judged.iter().all(|(ok, _)| *ok)),
     ));
+
+    // A whole card on the same node (the card, now the shares are gone): not through MPS.
+    let pod = s.pod("whole-after", vec![AllocatedDevice::whole(&gpu)], false).await?;
+    let spec = s.spec(&["/probe"], &[("gpu-core", "100")]);
+    let (verdict, observed) = match s.run(&pod, spec).await {
+        Ok((code, out)) => {
+            let kv = parse(&out);
+            let all_sms = dry || (num(&kv, "sms").is_some() && num(&kv, "sms") == base.sms);
+            (
+                pass(code == 0 && all_sms && !kv.contains_key("mps_threads")),
+                summary(&kv),
+            )
+        }
+        Err(e) => (Verdict::Fail, e),
+    };
+    rows.push(row(
+        "whole card beside the MPS daemon",
+        "the whole card, not through MPS".into(),
+        observed,
+        verdict,
+    ));
+
+    // MPS serves one user per card: what the extender's placement avoids, measured.
+    if !dry {
+        let pod = s.pod("root-share", vec![share.clone()], false).await?;
+        let spec = s.spec(&["/probe", "--bench-ms", "8000"], &SHARE);
+        let root_id = s.create(&pod, spec).await;
+        let pod = s.pod("user-share", vec![share.clone()], false).await?;
+        let spec = s.spec(&["/probe"], &SHARE).user(1000);
+        let user_id = s.create(&pod, spec).await;
+        let observed = match (root_id, user_id) {
+            (Ok(r), Ok(u)) => {
+                s.start(&r).await?;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let t = Instant::now();
+                s.start(&u).await?;
+                let user = s.wait(&u, 120).await;
+                let waited = t.elapsed();
+                let _ = s.wait(&r, 120).await;
+                match user {
+                    Ok((_, out)) => format!(
+                        "uid 1000 client finished {:.1}s after start ({})",
+                        waited.as_secs_f64(),
+                        summary(&parse(&out))
+                    ),
+                    Err(e) => format!("{e:#}"),
+                }
+            }
+            (r, u) => format!("{:?} {:?}", r.err(), u.err()),
+        };
+        rows.push(row(
+            "uid 1000 share beside a root share",
+            "waits for the root client (one user per MPS daemon); placement keeps them apart".into(),
+            observed,
+            Verdict::Info,
+        ));
+    }
 
     // No allocation, but the env other stacks read.
     let pod = s.c.run_pod("plain", &[]).await?;
@@ -403,38 +582,45 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
     .image(PROBE_IMAGE)
     .env("NVIDIA_VISIBLE_DEVICES", "all")
     .env("CUDA_VISIBLE_DEVICES", "0");
-    let (pass, observed) = match s.run(&pod, spec).await {
+    let (verdict, observed) = match s.run(&pod, spec).await {
         Ok((_, out)) => {
             let kv = parse(&out);
             let nodes = out.lines().next().unwrap_or("?").trim().to_string();
             (
-                nodes == "0"
-                    && kv.get("devices").map(String::as_str) == Some("0")
-                    && kv.get("CUDA_VISIBLE_DEVICES").map(String::as_str) == Some(""),
+                pass(
+                    nodes == "0"
+                        && kv.get("devices").map(String::as_str) == Some("0")
+                        && kv.get("CUDA_VISIBLE_DEVICES").map(String::as_str) == Some(""),
+                ),
                 format!("{nodes} /dev/nvidia* node(s); {}", summary(&kv)),
             )
         }
-        Err(e) => (false, e),
+        Err(e) => (Verdict::Fail, e),
     };
     rows.push(row(
         "no GPU, NVIDIA_VISIBLE_DEVICES=all",
         "no device node, CUDA sees 0 devices".into(),
         observed,
-        pass,
+        verdict,
     ));
 
     // A forged hand-off: refused at creation.
     let pod = s.pod("forged", vec![share.clone()], true).await?;
-    let spec = s.spec("main", &["/probe"], &[("gpu-core", "100")]);
-    let (pass, observed) = match s.create(&pod, spec).await {
-        Ok(id) => (false, format!("created {id}")),
-        Err(e) => (e.contains("forged"), e.chars().take(140).collect()),
+    let spec = s.spec(&["/probe"], &[("gpu-core", "100")]);
+    let (verdict, observed) = match s.create(&pod, spec).await {
+        Ok(id) => (Verdict::Fail, format!("created {id}")),
+        Err(e) => (pass(e.contains("forged")), e.chars().take(140).collect()),
     };
-    rows.push(row("forged hand-off", "refused, saying forged".into(), observed, pass));
+    rows.push(row(
+        "forged hand-off",
+        "refused, saying forged".into(),
+        observed,
+        verdict,
+    ));
 
     // nvidia-smi inside a GPU container.
     let pod = s.pod("smi", vec![AllocatedDevice::whole(&gpu)], false).await?;
-    let cmd: &[&str] = if s.dry_run {
+    let cmd: &[&str] = if dry {
         &[
             "sh",
             "-c",
@@ -443,27 +629,48 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
     } else {
         &["nvidia-smi", "-L"]
     };
-    let spec = s.spec("main", cmd, &[("gpu-core", "100")]);
-    let (pass, observed) = match s.run(&pod, spec).await {
+    let spec = s.spec(cmd, &[("gpu-core", "100")]);
+    let (verdict, observed) = match s.run(&pod, spec).await {
         Ok((code, out)) => (
-            code == 0 && out.contains("GPU 0"),
+            pass(code == 0 && out.contains("GPU 0")),
             out.lines().next().unwrap_or("").to_string(),
         ),
-        Err(e) => (false, e),
+        Err(e) => (Verdict::Fail, e),
     };
     rows.push(row(
         "nvidia-smi in a GPU container",
         "lists GPU 0".into(),
         observed,
-        pass,
+        verdict,
     ));
 
-    let _ = s.plugin.kill();
-    let _ = s.plugin.wait();
-    if rows.iter().any(|r| !r.pass) {
+    // The daemons stop: a share is refused at creation (fail closed).
+    stop(supervisor);
+    let pod = s.pod("late-share", vec![share.clone()], false).await?;
+    let spec = s.spec(&["/probe"], &SHARE);
+    let (verdict, observed) = match s.create(&pod, spec).await {
+        Ok(id) => (Verdict::Fail, format!("created {id}")),
+        Err(e) => (
+            pass(e.contains("cannot be enforced")),
+            e.rsplit("desc = ").next().unwrap_or(&e).chars().take(160).collect(),
+        ),
+    };
+    rows.push(row(
+        "share with its MPS daemon down",
+        "refused at creation, saying why".into(),
+        observed,
+        verdict,
+    ));
+
+    stop(s.plugin);
+    if rows.iter().any(|r| r.verdict == Verdict::Fail) {
         eprintln!(
             "plugin log:\n{}",
             std::fs::read_to_string(&s.plugin_log).unwrap_or_default()
+        );
+        eprintln!(
+            "supervisor log:\n{}",
+            std::fs::read_to_string(&sup_log).unwrap_or_default()
         );
         eprintln!("containerd log:\n{}", s.c.log_tail(30));
     }
@@ -475,14 +682,15 @@ fn table(rows: &[Row]) -> String {
     let (w0, w1, w2) = (w(&|r| r.runtime.len()), w(&|r| r.case.len()), w(&|r| r.expected.len()));
     let mut s = String::new();
     for r in rows {
+        let v = match r.verdict {
+            Verdict::Pass => "PASS",
+            Verdict::Fail => "FAIL",
+            Verdict::Info => "INFO",
+        };
         let _ = writeln!(
             s,
-            "{:<w0$} | {:<w1$} | {:<w2$} | {} | {}",
-            r.runtime,
-            r.case,
-            r.expected,
-            if r.pass { "PASS" } else { "FAIL" },
-            r.observed
+            "{:<w0$} | {:<w1$} | {:<w2$} | {v} | {}",
+            r.runtime, r.case, r.expected, r.observed
         );
     }
     s
@@ -500,7 +708,7 @@ async fn main() -> anyhow::Result<()> {
                 case: "setup",
                 expected: "the stack comes up".into(),
                 observed: format!("{e:#}"),
-                pass: false,
+                verdict: Verdict::Fail,
             }),
         }
     }
@@ -509,7 +717,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(out) = &a.out {
         std::fs::write(out, &text)?;
     }
-    if rows.iter().any(|r| !r.pass) {
+    if rows.iter().any(|r| r.verdict == Verdict::Fail) {
         std::process::exit(1);
     }
     Ok(())

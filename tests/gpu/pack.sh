@@ -8,12 +8,12 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
 cache="$repo/.cache/runtimes"
 bash tests/runtimes/fetch.sh "$cache" >/dev/null
-cargo build --release --locked -p tessera-cdi-generator -p tessera-nri-plugin -p tessera-tests \
-  --bin tessera-cdi-generator --bin tessera-nri-plugin --bin tessera-gpu-e2e
+cargo build --release --locked -p tessera-cdi-generator -p tessera-nri-plugin -p tessera-mps -p tessera-tests \
+  --bin tessera-cdi-generator --bin tessera-nri-plugin --bin tessera-mps-supervisor --bin tessera-gpu-e2e
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/runtimes"
-for b in tessera-cdi-generator tessera-nri-plugin tessera-gpu-e2e; do
+for b in tessera-cdi-generator tessera-nri-plugin tessera-mps-supervisor tessera-gpu-e2e; do
   strip -o "$stage/bin/$b" "target/release/$b"
 done
 # Only the runtime binaries the harness runs, in the cache's own layout (ready-v3 is relative).

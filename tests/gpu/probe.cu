@@ -2,7 +2,8 @@
 //
 //   probe [--alloc-gib N] [--bench-ms MS]
 //
-// devices, name, sms (multiProcessorCount: limited under MPS), mem_total_mib / mem_free_mib
+// devices, mps_threads (the MPS limit the container was given, if any), name, sms
+// (multiProcessorCount: limited under MPS), mem_total_mib / mem_free_mib
 // (cudaMemGetInfo), then optionally one cudaMalloc of N GiB (`alloc=ok` or the error) and a
 // compute-bound kernel run for MS milliseconds (`kernels_per_s`, a fixed grid, so throughput
 // is comparable between a whole card and a share). Exit status 0 unless an argument is bad:
@@ -43,6 +44,10 @@ int main(int argc, char **argv) {
         return 0;
     }
     printf("devices=%d\n", n);
+    const char *mps = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+    if (mps) {
+        printf("mps_threads=%s\n", mps);
+    }
     if (n == 0) {
         return 0;
     }

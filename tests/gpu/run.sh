@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Tessera's node stack on a real GPU: the CDI spec generated with no flags, the NRI plugin on
-# containerd 1.7 and 2.x, containers created through CRI, and what CUDA sees inside them.
+# Tessera's node stack on a real GPU: the CDI spec generated with no flags, the MPS supervisor,
+# the NRI plugin on containerd 1.7 and 2.x, containers created through CRI, and what CUDA sees
+# inside them (a whole card, 30% + 8 GiB shares alone and side by side, ...).
 # Prints a table: runtime | case | expected | PASS/FAIL | observed. Exits 1 if a case fails.
 #
 # Not part of .ci/run (CI has no GPU). On a machine with an NVIDIA GPU, driver, nvcc, root and
@@ -41,11 +42,14 @@ echo 'root:x:0:' > "$root/etc/group"
 if [ -n "$dry" ]; then
   cat > "$root/probe" <<'PROBE'
 #!/bin/sh
-# Dry-run stand-in for the CUDA probe: counts GPU device nodes; reports the driver mount.
+# Dry-run stand-in for the CUDA probe: counts GPU device nodes; reports the driver mount and
+# the MPS daemon the container is connected to (the fake daemon writes its card into its shm).
 n=0
 for d in /dev/nvidia[0-9]*; do [ -e "$d" ] && n=$((n+1)); done
 echo "devices=$n"
 [ -f /usr/local/nvidia/lib64/libcuda.so.1 ] && echo "name=libcuda.so.1 mounted"
+[ -n "$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" ] && echo "mps_threads=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+[ -f /dev/shm/tessera-fake-mps ] && echo "mps_shm=$(cat /dev/shm/tessera-fake-mps)"
 exit 0
 PROBE
   chmod +x "$root/probe"
@@ -63,4 +67,5 @@ fi
 bash "$repo/tests/runtimes/oci-image.sh" "$root" docker.io/tessera/probe:gpu "$work/probe.tar"
 
 out="${OUT:-$work}/gpu-table.txt"
-"$work/bin/tessera-gpu-e2e" --bin-dir "$work/bin" --probe-image "$work/probe.tar" ${dry:+--dry-run} --out "$out"
+"$work/bin/tessera-gpu-e2e" --bin-dir "$work/bin" --probe-image "$work/probe.tar" \
+  ${dry:+--dry-run "$repo/mps/tests/fixtures/fake-mps-control"} --out "$out"

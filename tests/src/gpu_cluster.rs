@@ -46,6 +46,17 @@ pub fn gpu_node(name: &str, fixture: &str) -> Node {
     n
 }
 
+/// A GPU node publishing how it enforces shares.
+pub fn gpu_node_enforced(name: &str, fixture: &str, mode: tessera_core::enforcement::ShareEnforcement) -> Node {
+    let inv = FixtureSource::new(fixture).discover().expect("built-in fixture");
+    let mut n = plain_node(name);
+    n.metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_INVENTORY.to_string(),
+        PublishedInventory::of(&inv).enforced_by(mode).encode(),
+    )]));
+    n
+}
+
 /// A node without GPUs: 64 CPUs, 512 GiB.
 pub fn plain_node(name: &str) -> Node {
     Node {

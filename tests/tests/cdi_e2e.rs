@@ -39,7 +39,13 @@ async fn cdi_on(version: Version) -> anyhow::Result<()> {
     let root = tempfile::tempdir()?;
     let inv = fake_node("a100-mig", root.path())?;
     let dev_root = FakeNodePaths::under(root.path()).dev_root;
-    let (_, text) = spec::render(&inv, &SpecOptions { dev_root })?;
+    let (_, text) = spec::render(
+        &inv,
+        &SpecOptions {
+            dev_root,
+            ..Default::default()
+        },
+    )?;
     write_spec(&c.cdi_dir(), SPEC_FILE, &text)?;
 
     let control = [

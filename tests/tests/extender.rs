@@ -239,7 +239,8 @@ async fn nodes_form_non_gpu_pods_and_bad_requests() -> anyhow::Result<()> {
         }
     }
     // Too large: 413, still JSON.
-    let (status, bytes) = r.http.request(&path("filter"), Some(vec![b' '; 9 << 20])).await?;
+    let (status, bytes) =
+        tessera_tests::http::post_oversized(r.running.addr, &path("filter"), vec![b' '; 9 << 20]).await?;
     assert_eq!(status, 413);
     assert!(serde_json::from_slice::<Value>(&bytes)?["Error"].is_string());
     assert_eq!(r.http.get_status("/healthz").await?, 200);
@@ -816,5 +817,69 @@ async fn a_node_with_a_broken_driver_gets_no_gpu_pods() -> anyhow::Result<()> {
         anyhow::ensure!(tokio::time::Instant::now() < deadline, "h1 not back: {reply}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    Ok(())
+}
+
+/// Nodes publish how they enforce shares: a pod can require enforcement, and MPS nodes keep
+/// one user per shared card (MPS serves one user at a time), through real binds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enforcement_is_published_required_and_mps_keeps_one_user_per_card() -> anyhow::Result<()> {
+    use tessera_core::enforcement::ShareEnforcement;
+    use tessera_tests::gpu_cluster::gpu_node_enforced;
+    let api = FakeApiServer::start().await?;
+    api.create_node(&gpu_node_enforced("t-mps", "t4x2", ShareEnforcement::Mps))?;
+    api.create_node(&gpu_node_enforced("t-none", "t4x2", ShareEnforcement::None))?;
+    let mut r = start_replica(&api, ReplicaOptions::default()).await?;
+
+    // Required enforcement: only the MPS node; the other says why.
+    let mut strict = share_pod("strict", 20, 2);
+    strict
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("tessera.io/share-enforcement".into(), "required".into());
+    let strict = api.create_pod(&strict)?;
+    let (_, reply) = r
+        .http
+        .post_json(&path("filter"), &args(&strict, &["t-mps", "t-none"]))
+        .await?;
+    assert_eq!(reply["NodeNames"], json!(["t-mps"]), "{reply}");
+    assert_eq!(
+        reply["FailedAndUnresolvableNodes"]["t-none"],
+        "the pod requires enforced shares; this node's share enforcement is none",
+        "{reply}"
+    );
+
+    // Users on the MPS node: root and uid 1000 get different cards, a third user none.
+    let as_user = |name: &str, uid: i64| {
+        let mut p = share_pod(name, 20, 2);
+        p.spec.as_mut().unwrap().security_context = Some(k8s_openapi::api::core::v1::PodSecurityContext {
+            run_as_user: Some(uid),
+            ..Default::default()
+        });
+        p
+    };
+    let mut cards = Vec::new();
+    for (name, uid) in [("root", 0), ("u1000", 1000), ("u1000-b", 1000)] {
+        let p = api.create_pod(&as_user(name, uid))?;
+        let (_, reply) = r.http.post_json(&path("filter"), &args(&p, &["t-mps"])).await?;
+        assert_eq!(reply["NodeNames"], json!(["t-mps"]), "{name}: {reply}");
+        assert_eq!(bind(&mut r.http, &p, "t-mps").await?, "", "{name}");
+        let a = allocation_of(&api, name).expect("bound");
+        cards.push(a.containers[0].devices[0].card_uuid().to_string());
+    }
+    assert_ne!(cards[0], cards[1], "root and uid 1000 share a card: {cards:?}");
+    assert_eq!(cards[1], cards[2], "uid 1000's second pod joins its card");
+    let p = api.create_pod(&as_user("u7", 7))?;
+    let (_, reply) = r
+        .http
+        .post_json(&path("filter"), &args(&p, &["t-mps", "t-none"]))
+        .await?;
+    assert_eq!(reply["NodeNames"], json!(["t-none"]), "{reply}");
+    let why = reply["FailedNodes"]["t-mps"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("serves MPS clients of another user") && why.contains("uid 7"),
+        "{reply}"
+    );
     Ok(())
 }

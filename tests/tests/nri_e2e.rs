@@ -48,6 +48,7 @@ impl Env {
             inv,
             &SpecOptions {
                 dev_root: self.root.path().join("host"),
+                ..Default::default()
             },
         )?;
         write_spec(&self.c.cdi_dir(), SPEC_FILE, &text)?;
@@ -59,7 +60,8 @@ impl Env {
             node: NODE.into(),
             keys: self.keys.clone(),
             cdi_dirs: vec![self.c.cdi_dir()],
-            mps: false,
+            enforcement: tessera_core::enforcement::ShareEnforcement::None,
+            mps: Default::default(),
         }))
     }
 

@@ -74,18 +74,18 @@ fn node_capacity(node: &Node) -> (NodeCapacity, Option<String>) {
             }
         })
     };
-    let (gpus, not_ready) = match node
+    let (gpus, not_ready, share_enforcement) = match node
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(ANNOTATION_INVENTORY))
     {
-        None => (Vec::new(), None),
+        None => (Vec::new(), None, Default::default()),
         Some(v) => match PublishedInventory::decode(v) {
-            Ok(inv) => (inv.gpus, inv.not_ready),
+            Ok(inv) => (inv.gpus, inv.not_ready, inv.share_enforcement),
             Err(e) => {
                 warn!(node = name, error = %e, "ignoring the node's {ANNOTATION_INVENTORY} annotation");
-                (Vec::new(), None)
+                (Vec::new(), None, Default::default())
             }
         },
     };
@@ -108,6 +108,7 @@ fn node_capacity(node: &Node) -> (NodeCapacity, Option<String>) {
         memory_bytes: amount("memory").map_or(0, Amount::ceil),
         gpus,
         schedulable: !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+        share_enforcement,
     };
     (cap, not_ready)
 }
@@ -365,6 +366,12 @@ impl Cluster {
         if l.booking(uid).is_some_and(|b| b.hold == Hold::Reserved) {
             l.unbook(uid);
         }
+    }
+
+    /// The API server bound `uid` (our Binding succeeded): its hold is no longer ours to drop,
+    /// whether or not the watch has shown it yet.
+    pub fn confirm(&self, uid: &str) {
+        self.ledger().confirm(uid);
     }
 
     /// The hold on `uid`, if any.

@@ -75,6 +75,8 @@ fn a_bare_node_fails_every_node_check_with_a_reason() {
         host_root: dir.path().to_path_buf(),
         driver_root: None,
         dev_root: dir.path().to_path_buf(),
+        enforcement: ShareEnforcement::None,
+        mps: MpsLayout::new(dir.path().join("mps")),
     });
     assert_eq!(
         levels(&f),
@@ -83,6 +85,7 @@ fn a_bare_node_fails_every_node_check_with_a_reason() {
             ("runtime config", Level::Warn),
             ("CDI spec", Level::Fail),
             ("NVIDIA driver", Level::Fail),
+            ("share limits", Level::Warn),
             ("hand-off keys", Level::Fail),
         ]
     );
@@ -120,6 +123,8 @@ fn a_node_without_libcuda_is_not_ready() {
         host_root: host.to_path_buf(),
         driver_root: None,
         dev_root: host.to_path_buf(),
+        enforcement: ShareEnforcement::None,
+        mps: MpsLayout::new(host.join("mps")),
     };
     let f = run(&opts);
     let get = |f: &[Finding], what: &str| f.iter().find(|x| x.what == what).cloned().unwrap();
@@ -135,4 +140,55 @@ fn a_node_without_libcuda_is_not_ready() {
     assert_eq!(d.level, Level::Ok, "{d}");
     assert!(d.detail.contains("version 580.95.05"), "{d}");
     assert_eq!(get(&f, "CDI spec").level, Level::Fail);
+}
+
+#[test]
+fn mps_nodes_need_a_ready_daemon_per_shared_card() {
+    use tessera_core::enforcement::{DaemonPhase, MpsState, unix_secs};
+    use tessera_core::inventory::{FixtureSource, InventorySource};
+    let dir = tempfile::tempdir().unwrap();
+    let cdi = dir.path().join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    let inv = FixtureSource::new("t4x2").discover().unwrap();
+    let layout = MpsLayout::new(dir.path().join("mps"));
+    let opts = tessera_cdi_generator::spec::SpecOptions {
+        enforcement: ShareEnforcement::Mps,
+        mps: layout.clone(),
+        ..Default::default()
+    };
+    let (_, text) = tessera_cdi_generator::spec::render(&inv, &opts).unwrap();
+    std::fs::write(cdi.join("tessera.io-gpu.json"), text).unwrap();
+    let check = || {
+        check_enforcement(&CheckOptions {
+            socket: dir.path().join("nri.sock"),
+            containerd_config: dir.path().join("none"),
+            crio_config: dir.path().join("none"),
+            cdi_dirs: vec![cdi.clone()],
+            keys_dir: dir.path().join("keys"),
+            host_root: dir.path().to_path_buf(),
+            driver_root: None,
+            dev_root: dir.path().to_path_buf(),
+            enforcement: ShareEnforcement::Mps,
+            mps: layout.clone(),
+        })
+    };
+    let f = check();
+    assert_eq!(f.level, Level::Fail, "{f}");
+    assert!(f.detail.contains("2 of 2 card daemon(s) not ready"), "{f}");
+    let now = unix_secs(std::time::SystemTime::now());
+    for g in &inv.gpus {
+        std::fs::create_dir_all(layout.card_dir(&g.uuid)).unwrap();
+        let state = MpsState {
+            phase: DaemonPhase::Ready,
+            pid: Some(1),
+            restarts: 0,
+            started_at: now,
+            checked_at: now,
+            reason: None,
+        };
+        layout.write_state(&g.uuid, &state).unwrap();
+    }
+    let f = check();
+    assert_eq!(f.level, Level::Ok, "{f}");
+    assert!(f.detail.contains("mps: 2 card daemon(s) ready"), "{f}");
 }

@@ -54,6 +54,8 @@ pub struct ContainerSpec {
     pub cdi_devices: Vec<String>,
     /// Image (default: the harness's busybox image); see [`Containerd::import_image`].
     pub image: Option<String>,
+    /// The user the process runs as (CRI `run_as_user`).
+    pub run_as_user: Option<i64>,
 }
 
 impl ContainerSpec {
@@ -81,6 +83,12 @@ impl ContainerSpec {
     /// Runs in another image, imported with [`Containerd::import_image`].
     pub fn image(mut self, name: &str) -> Self {
         self.image = Some(name.into());
+        self
+    }
+
+    /// Runs the process as `uid`.
+    pub fn user(mut self, uid: i64) -> Self {
+        self.run_as_user = Some(uid);
         self
     }
 
@@ -351,6 +359,12 @@ impl Containerd {
                 .into_iter()
                 .map(|name| cri::CdiDevice { name })
                 .collect(),
+            linux: spec.run_as_user.map(|uid| cri::LinuxContainerConfig {
+                security_context: Some(cri::LinuxContainerSecurityContext {
+                    run_as_user: Some(cri::Int64Value { value: uid }),
+                    ..Default::default()
+                }),
+            }),
             ..Default::default()
         };
         let resp = self
