@@ -46,6 +46,9 @@ struct ManifestArgs {
     /// Host directory of the NVIDIA driver files (default: each node detects it).
     #[arg(long)]
     driver_root: Option<String>,
+    /// How GPU nodes hold shares to their limits: `mps` (adds the MPS supervisor) or `none`.
+    #[arg(long, default_value = "mps")]
+    share_enforcement: tessera_core::enforcement::ShareEnforcement,
     /// Print only the KubeSchedulerConfiguration.
     #[arg(long)]
     scheduler_config: bool,
@@ -68,6 +71,7 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
         scheduler_image: args.scheduler_image.unwrap_or(d.scheduler_image),
         replicas: args.replicas,
         driver_root: args.driver_root,
+        share_enforcement: args.share_enforcement,
         ..d
     };
     let text = if args.scheduler_config {
@@ -240,6 +244,7 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     match Cli::parse().command {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, HTTPGetAction,
     HostPathVolumeSource, Namespace, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
     SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Toleration, Volume,
     VolumeMount,
@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
+use tessera_core::enforcement::{DEFAULT_MPS_ROOT, ShareEnforcement};
 use tessera_core::names::{RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, RESOURCE_MIG_PREFIX};
 
 /// What the rendering depends on.
@@ -34,6 +35,8 @@ pub struct ManifestOptions {
     pub node_selector: (String, String),
     /// Host directory of the NVIDIA driver files; `None` lets each node detect it.
     pub driver_root: Option<String>,
+    /// How the GPU nodes hold shares to their limits: `Mps` adds the MPS supervisor.
+    pub share_enforcement: ShareEnforcement,
 }
 
 impl Default for ManifestOptions {
@@ -45,6 +48,7 @@ impl Default for ManifestOptions {
             replicas: 2,
             node_selector: ("tessera.io/gpu-node".into(), "true".into()),
             driver_root: None,
+            share_enforcement: ShareEnforcement::Mps,
         }
     }
 }
@@ -467,8 +471,21 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
         ..Default::default()
     });
 
-    // Node DaemonSet: CDI generator, device plugin, NRI plugin.
-    let node_env = vec![env_field("NODE_NAME", "spec.nodeName")];
+    // Node DaemonSet: CDI generator, device plugin, NRI plugin (and the MPS supervisor). One
+    // enforcement setting for every agent of the node.
+    let node_env = vec![
+        env_field("NODE_NAME", "spec.nodeName"),
+        EnvVar {
+            name: "TESSERA_SHARE_ENFORCEMENT".into(),
+            value: Some(opts.share_enforcement.to_string()),
+            ..Default::default()
+        },
+        EnvVar {
+            name: "TESSERA_MPS_ROOT".into(),
+            value: Some(DEFAULT_MPS_ROOT.into()),
+            ..Default::default()
+        },
+    ];
     // NVML, /dev and the kubelet's device-plugin directory need root on the host.
     let privileged = SecurityContext {
         privileged: Some(true),
@@ -509,6 +526,9 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                 spec: Some(PodSpec {
                     service_account_name: Some(NODE.into()),
                     priority_class_name: Some("system-node-critical".into()),
+                    // The MPS server finds itself through /proc in the driver's (the host's) PID
+                    // namespace, as NVIDIA's own MPS daemon set runs it.
+                    host_pid: (opts.share_enforcement == ShareEnforcement::Mps).then_some(true),
                     node_selector: Some(BTreeMap::from([opts.node_selector.clone()])),
                     tolerations: Some(vec![Toleration {
                         key: Some("nvidia.com/gpu".into()),
@@ -551,18 +571,44 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                                 mount("nri", "/var/run/nri", false),
                                 mount("cdi", "/var/run/cdi", true),
                                 mount("handoff-keys", "/etc/tessera/keys", true),
+                                // Each card's MPS daemon state, read before a share is admitted.
+                                mount("mps", DEFAULT_MPS_ROOT, true),
                                 // For `tessera-nri-plugin check`: runtime configs, driver, /dev.
                                 host_root_mount.clone(),
                                 mount("dev", "/dev", true),
                             ],
                         ),
-                    ],
+                    ]
+                    .into_iter()
+                    .chain((opts.share_enforcement == ShareEnforcement::Mps).then(|| Container {
+                        // One MPS control daemon per shareable card, from the node's driver;
+                        // the GPU's compute mode is left as it is.
+                        readiness_probe: Some(Probe {
+                            exec: Some(ExecAction {
+                                command: Some(vec!["tessera-mps-supervisor".into(), "status".into()]),
+                            }),
+                            period_seconds: Some(10),
+                            ..Default::default()
+                        }),
+                        ..container(
+                            "mps-supervisor",
+                            "tessera-mps-supervisor",
+                            [vec!["run".into()], node_args.clone()].concat(),
+                            vec![
+                                mount("dev", "/dev", false),
+                                host_root_mount.clone(),
+                                mount("mps", DEFAULT_MPS_ROOT, false),
+                            ],
+                        )
+                    }))
+                    .collect(),
                     volumes: Some(vec![
                         host_path("cdi", "/var/run/cdi", "DirectoryOrCreate"),
                         host_path("device-plugins", "/var/lib/kubelet/device-plugins", "Directory"),
                         host_path("nri", "/var/run/nri", "DirectoryOrCreate"),
                         host_path("dev", "/dev", "Directory"),
                         host_path("host-root", "/", "Directory"),
+                        host_path("mps", DEFAULT_MPS_ROOT, "DirectoryOrCreate"),
                         keys_volume(),
                     ]),
                     ..Default::default()
