@@ -1,0 +1,156 @@
+//! What the hook asks NVML (`libnvidia-ml.so.1`, mounted with the driver): the card's compute
+//! processes (to find this process's host pid) and per-process SM utilization (to throttle to
+//! the container's share). Loaded lazily, off the application's threads where it can be.
+
+use std::ffi::{CString, c_char, c_int, c_uint, c_ulonglong, c_void};
+
+type NvmlReturn = c_int;
+const NVML_SUCCESS: NvmlReturn = 0;
+const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    pid: c_uint,
+    time_stamp: c_ulonglong,
+    sm_util: c_uint,
+    mem_util: c_uint,
+    enc_util: c_uint,
+    dec_util: c_uint,
+}
+
+/// `nvmlProcessInfo_t` (the `_v3` query's element).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct ProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+/// `nvmlUtilization_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Utilization {
+    gpu: c_uint,
+    memory: c_uint,
+}
+
+type InitFn = unsafe extern "C" fn() -> NvmlReturn;
+type ByUuidFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> NvmlReturn;
+type ProcUtilFn = unsafe extern "C" fn(*mut c_void, *mut Sample, *mut c_uint, c_ulonglong) -> NvmlReturn;
+type ProcsFn = unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut ProcessInfo) -> NvmlReturn;
+type UtilFn = unsafe extern "C" fn(*mut c_void, *mut Utilization) -> NvmlReturn;
+
+/// NVML, loaded and initialised, with the container's card.
+pub struct Nvml {
+    device: *mut c_void,
+    proc_util: ProcUtilFn,
+    procs: ProcsFn,
+    util: UtilFn,
+    last_seen: c_ulonglong,
+}
+
+// SAFETY: NVML handles may be used from any thread.
+unsafe impl Send for Nvml {}
+
+fn sym<T>(h: *mut c_void, name: &std::ffi::CStr) -> Option<T> {
+    let dlsym = crate::real::real_dlsym()?;
+    // SAFETY: `h` is a live dlopen handle and `name` NUL-terminated.
+    let p = unsafe { dlsym(h, name.as_ptr()) };
+    // SAFETY: the caller names the function's real signature as `T` (a fn pointer).
+    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
+}
+
+impl Nvml {
+    /// Loads NVML and finds `uuid`; `None` when either is unavailable.
+    pub fn open(uuid: &str) -> Option<Self> {
+        // SAFETY: a NUL-terminated name and valid flags.
+        let h = unsafe { libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if h.is_null() {
+            return None;
+        }
+        let init: InitFn = sym(h, c"nvmlInit_v2").or_else(|| sym(h, c"nvmlInit"))?;
+        let by_uuid: ByUuidFn = sym(h, c"nvmlDeviceGetHandleByUUID")?;
+        // SAFETY: NVML's documented init.
+        if unsafe { init() } != NVML_SUCCESS {
+            return None;
+        }
+        let uuid = CString::new(uuid).ok()?;
+        let mut device = std::ptr::null_mut();
+        // SAFETY: valid string and out-pointer.
+        if unsafe { by_uuid(uuid.as_ptr(), &mut device) } != NVML_SUCCESS {
+            return None;
+        }
+        Some(Self {
+            device,
+            proc_util: sym(h, c"nvmlDeviceGetProcessUtilization")?,
+            procs: sym(h, c"nvmlDeviceGetComputeRunningProcesses_v3")?,
+            util: sym(h, c"nvmlDeviceGetUtilizationRates")?,
+            last_seen: 0,
+        })
+    }
+
+    /// Host pids of the processes with a context on the card.
+    pub fn compute_pids(&self) -> Option<Vec<u32>> {
+        let mut n: c_uint = 64;
+        loop {
+            let mut buf = vec![ProcessInfo::default(); n as usize];
+            // SAFETY: `buf` holds `n` elements; NVML writes at most `n` and sets `n`.
+            let r = unsafe { (self.procs)(self.device, &mut n, buf.as_mut_ptr()) };
+            match r {
+                NVML_SUCCESS => return Some(buf[..n as usize].iter().map(|p| p.pid).collect()),
+                NVML_ERROR_INSUFFICIENT_SIZE if n as usize > buf.len() => continue,
+                _ => return None,
+            }
+        }
+    }
+
+    /// SM utilization (percent of the card) of `pids` since the last call; of the whole card
+    /// when `pids` is empty (no host pid known yet: an over-estimate, so the container never
+    /// exceeds its share, though it may get less while others are busy).
+    pub fn utilization(&mut self, pids: &[u32]) -> Option<u32> {
+        if pids.is_empty() {
+            let mut u = Utilization::default();
+            // SAFETY: valid device and out-pointer.
+            return (unsafe { (self.util)(self.device, &mut u) } == NVML_SUCCESS).then_some(u.gpu);
+        }
+        let mut n: c_uint = 0;
+        // SAFETY: a null buffer asks for the sample count.
+        let r = unsafe { (self.proc_util)(self.device, std::ptr::null_mut(), &mut n, self.last_seen) };
+        if r != NVML_SUCCESS && r != NVML_ERROR_INSUFFICIENT_SIZE {
+            // No sample since `last_seen` (NVML answers NOT_FOUND): nothing ran.
+            return Some(0);
+        }
+        let mut buf = vec![Sample::default(); n.max(1) as usize];
+        let mut n = buf.len() as c_uint;
+        // SAFETY: `buf` holds `n` samples.
+        if unsafe { (self.proc_util)(self.device, buf.as_mut_ptr(), &mut n, self.last_seen) } != NVML_SUCCESS {
+            return Some(0);
+        }
+        let samples = &buf[..n as usize];
+        self.last_seen = samples.iter().map(|s| s.time_stamp).max().unwrap_or(self.last_seen);
+        // The latest sample of each of our processes.
+        let mut total = 0u32;
+        for pid in pids {
+            if let Some(s) = samples.iter().filter(|s| s.pid == *pid).max_by_key(|s| s.time_stamp) {
+                total += s.sm_util;
+            }
+        }
+        Some(total.min(100))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_match_nvml_h() {
+        assert_eq!(std::mem::size_of::<Sample>(), 32);
+        assert_eq!(std::mem::size_of::<ProcessInfo>(), 24);
+        assert_eq!(std::mem::size_of::<Utilization>(), 8);
+    }
+}

@@ -1,0 +1,233 @@
+//! The hook's per-process state, set up on the first intercepted call: the container's limits,
+//! its shared memory accounting, what this process allocated, the launch bucket and its
+//! controller. Anything missing or broken means pass-through, said once.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Mutex, Once, OnceLock, RwLock};
+
+use crate::account::Accounting;
+use crate::config::Config;
+use crate::log;
+use crate::nvml::Nvml;
+use crate::throttle::{Bucket, Controller, PERIOD};
+
+/// What an allocation record is keyed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A device pointer (`cuMemAlloc*`).
+    Ptr,
+    /// An array handle.
+    Array,
+    /// A VMM allocation handle (`cuMemCreate`).
+    Vmm,
+}
+
+/// The state of a configured process.
+pub struct Hook {
+    /// The limits.
+    pub config: Config,
+    account: RwLock<Option<Accounting>>,
+    allocs: Mutex<HashMap<(Kind, u64), u64>>,
+    /// Present when launches are throttled.
+    pub bucket: Option<Bucket>,
+    controller: Once,
+    /// NVML, shared by host-pid discovery and the controller.
+    pub nvml: Mutex<Option<Nvml>>,
+    nvml_tried: Once,
+    /// Mean blocks of a kernel launch (a graph launch is charged one such launch).
+    pub mean_cost: std::sync::atomic::AtomicU64,
+}
+
+static HOOK: OnceLock<Option<Hook>> = OnceLock::new();
+static BROKEN: log::Once = log::Once::new();
+static INTERNAL: log::Once = log::Once::new();
+static NO_NVML: log::Once = log::Once::new();
+
+fn pid() -> u32 {
+    std::process::id()
+}
+
+/// The process's hook state; `None`: pass everything through.
+pub fn hook() -> Option<&'static Hook> {
+    HOOK.get_or_init(|| match Config::load() {
+        Ok(Some(config)) => Some(Hook::new(config)),
+        Ok(None) => None,
+        Err(e) => {
+            BROKEN.print(format_args!(
+                "configuration unusable ({e}): CUDA calls pass through unlimited"
+            ));
+            None
+        }
+    })
+    .as_ref()
+}
+
+/// Runs `f`; a panic inside it is reported once and yields `fallback` (no panic crosses the C
+/// boundary).
+pub fn protect<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(_) => {
+            INTERNAL.print(format_args!("internal error: passing this call through"));
+            fallback
+        }
+    }
+}
+
+impl Hook {
+    fn new(config: Config) -> Self {
+        let account = config.memory_limit.and_then(|limit| {
+            Accounting::open(&config.state_dir, limit, pid())
+                .map_err(|e| {
+                    BROKEN.print(format_args!(
+                        "memory accounting unavailable ({}): memory not limited",
+                        e.0
+                    ))
+                })
+                .ok()
+        });
+        let bucket = config.throttle().map(|_| Bucket::new());
+        Self {
+            config,
+            account: RwLock::new(account),
+            allocs: Mutex::new(HashMap::new()),
+            bucket,
+            controller: Once::new(),
+            nvml: Mutex::new(None),
+            nvml_tried: Once::new(),
+            mean_cost: std::sync::atomic::AtomicU64::new(1024),
+        }
+    }
+
+    /// Runs `f` on this process's accounting (re-opened after a fork, when the pid changed).
+    fn with_account<T>(&self, f: impl FnOnce(&Accounting) -> T) -> Option<T> {
+        {
+            let a = self.account.read().unwrap_or_else(|p| p.into_inner());
+            match a.as_ref() {
+                None => return None,
+                Some(acc) if acc_pid(acc) == pid() => return Some(f(acc)),
+                Some(_) => {}
+            }
+        }
+        let mut a = self.account.write().unwrap_or_else(|p| p.into_inner());
+        let limit = a.as_ref().map(Accounting::limit)?;
+        *a = Accounting::open(&self.config.state_dir, limit, pid()).ok();
+        self.allocs.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        a.as_ref().map(f)
+    }
+
+    /// Whether the container may take `bytes` more; `true` when memory is not limited.
+    pub fn admit(&self, bytes: u64) -> bool {
+        self.with_account(|a| a.reserve(bytes)).unwrap_or(true)
+    }
+
+    /// Counts `bytes` past the limit (driver padding).
+    pub fn force(&self, bytes: u64) {
+        self.with_account(|a| a.force(bytes));
+    }
+
+    /// Gives back an admission the driver then refused.
+    pub fn unadmit(&self, bytes: u64) {
+        self.with_account(|a| a.release(bytes));
+    }
+
+    /// Records what an allocation took.
+    pub fn record(&self, kind: Kind, id: u64, bytes: u64) {
+        if self.with_account(|_| ()).is_some() {
+            self.allocs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((kind, id), bytes);
+        }
+    }
+
+    /// Forgets a freed allocation and gives its bytes back.
+    pub fn forget(&self, kind: Kind, id: u64) {
+        let bytes = self
+            .allocs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(kind, id));
+        if let Some(b) = bytes {
+            self.unadmit(b);
+        }
+    }
+
+    /// `(used, limit)` of the container, when memory is limited.
+    pub fn memory(&self) -> Option<(u64, u64)> {
+        self.with_account(|a| (a.used(), a.limit()))
+    }
+
+    /// NVML for this card, loaded once.
+    pub fn with_nvml<T>(&self, f: impl FnOnce(&mut Nvml) -> T) -> Option<T> {
+        self.nvml_tried.call_once(|| {
+            *self.nvml.lock().unwrap_or_else(|p| p.into_inner()) = Nvml::open(&self.config.uuid);
+        });
+        self.nvml.lock().unwrap_or_else(|p| p.into_inner()).as_mut().map(f)
+    }
+
+    /// Whether this process's host pid is still to be found (only throttled processes need it).
+    pub fn needs_host_pid(&self) -> bool {
+        self.bucket.is_some() && self.with_account(|a| a.own_host_pid() == 0).unwrap_or(false)
+    }
+
+    /// Records this process's host pid.
+    pub fn set_host_pid(&self, host_pid: u32) {
+        self.with_account(|a| a.set_host_pid(host_pid));
+    }
+
+    /// Holds a launch of `cost` blocks back as the bucket says, starting the controller on the
+    /// first launch.
+    pub fn throttle(&'static self, cost: u64) {
+        let Some(bucket) = &self.bucket else { return };
+        self.controller.call_once(|| self.start_controller());
+        if let Some(wait) = bucket.take(cost) {
+            std::thread::sleep(wait);
+        }
+    }
+
+    fn start_controller(&'static self) {
+        let target = self.config.throttle().unwrap_or(100);
+        let spawned = std::thread::Builder::new()
+            .name("tessera-throttle".into())
+            .spawn(move || {
+                let mut controller = Controller::new(target);
+                loop {
+                    std::thread::sleep(PERIOD);
+                    let pids = self.with_account(|a| a.host_pids()).unwrap_or_default();
+                    let util = self.with_nvml(|n| n.utilization(&pids)).flatten();
+                    if util.is_none() && self.with_nvml(|_| ()).is_none() {
+                        NO_NVML.print(format_args!(
+                            "NVML unavailable: kernel launches are not throttled to the {target}% share"
+                        ));
+                        return;
+                    }
+                    if let Some(b) = &self.bucket {
+                        controller.step(b, util, PERIOD);
+                    }
+                }
+            });
+        if spawned.is_err() {
+            NO_NVML.print(format_args!(
+                "cannot start the throttle thread: launches are not throttled"
+            ));
+        }
+    }
+}
+
+fn acc_pid(a: &Accounting) -> u32 {
+    a.owner()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_the_fallback() {
+        // With the unwinder linked statically (build.rs), unwinding still works.
+        assert_eq!(protect(7, || panic!("a bug in the hook")), 7);
+        assert_eq!(protect(7, || 8), 8);
+    }
+}

@@ -1,0 +1,210 @@
+/* A CUDA driver API client for tessera-cuda-hook's tests, reaching the driver the two ways
+ * real programs do: built with -DLINKED it calls the functions it was linked against (-lcuda);
+ * otherwise it dlopens libcuda.so.1, finds cuGetProcAddress_v2 with dlsym and looks every
+ * other function up through it, as the CUDA runtime does. Prints key=value lines.
+ *
+ *   info                       free, total (cuMemGetInfo) and cuDeviceTotalMem
+ *   fill MIB [HOLD_MS]         allocate MIB chunks until refused; hold; free all
+ *   threads N MIB              N threads each allocate MIB chunks until refused
+ *   kinds                      one allocation of each kind, then all freed
+ *   legacy MIB                 the pre-3.2 cuMemAlloc (32-bit), which the hook must not wrap
+ *   launch MS BLOCKS           launch kernels of BLOCKS blocks for MS ms; busy share of the
+ *                              fake GPU over the second half */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include "fake_gpu.h"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void *H;
+#define MIB (1ull << 20)
+
+struct api {
+    CUresult (*init)(unsigned);
+    CUresult (*retain)(H *, int);
+    CUresult (*alloc)(CUdeviceptr *, size_t);
+    CUresult (*free_)(CUdeviceptr);
+    CUresult (*pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+    CUresult (*managed)(CUdeviceptr *, size_t, unsigned);
+    CUresult (*async_)(CUdeviceptr *, size_t, H);
+    CUresult (*pool)(CUdeviceptr *, size_t, H, H);
+    CUresult (*free_async)(CUdeviceptr, H);
+    CUresult (*create)(unsigned long long *, size_t, const void *, unsigned long long);
+    CUresult (*release)(unsigned long long);
+    CUresult (*array)(H *, const void *);
+    CUresult (*array3d)(H *, const void *);
+    CUresult (*array_destroy)(H);
+    CUresult (*meminfo)(size_t *, size_t *);
+    CUresult (*devtotal)(size_t *, int);
+    CUresult (*launch)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, H, void **, void **);
+} api;
+
+typedef CUresult (*gpa_t)(const char *, void **, int, unsigned long long, int *);
+static gpa_t gpa;
+
+#ifdef LINKED
+CUresult cuInit(unsigned);
+CUresult cuDevicePrimaryCtxRetain(H *, int);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, H);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, H, H);
+CUresult cuMemFreeAsync(CUdeviceptr, H);
+CUresult cuMemCreate(unsigned long long *, size_t, const void *, unsigned long long);
+CUresult cuMemRelease(unsigned long long);
+CUresult cuArrayCreate_v2(H *, const void *);
+CUresult cuArray3DCreate_v2(H *, const void *);
+CUresult cuArrayDestroy(H);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuDeviceTotalMem_v2(size_t *, int);
+CUresult cuLaunchKernel(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, H, void **, void **);
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+#define R(field, name, linked) api.field = (void *)(linked)
+#else
+static void *get(const char *name) {
+    void *p = NULL;
+    int st;
+    if (gpa(name, &p, 12080, 0, &st)) return NULL;
+    return p;
+}
+#define R(field, name, linked) api.field = get(name)
+#endif
+
+static void load(void) {
+#ifdef LINKED
+    gpa = cuGetProcAddress_v2;
+#else
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) { printf("error=%s\n", dlerror()); exit(3); }
+    gpa = (gpa_t)dlsym(h, "cuGetProcAddress_v2");
+    if (!gpa) { printf("error=no cuGetProcAddress_v2\n"); exit(3); }
+    /* The runtime then looks cuGetProcAddress up through itself. */
+    void *self = NULL;
+    if (gpa("cuGetProcAddress", &self, 12080, 0, NULL) == 0 && self) gpa = (gpa_t)self;
+#endif
+    R(init, "cuInit", cuInit);
+    R(retain, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain);
+    R(alloc, "cuMemAlloc", cuMemAlloc_v2);
+    R(free_, "cuMemFree", cuMemFree_v2);
+    R(pitch, "cuMemAllocPitch", cuMemAllocPitch_v2);
+    R(managed, "cuMemAllocManaged", cuMemAllocManaged);
+    R(async_, "cuMemAllocAsync", cuMemAllocAsync);
+    R(pool, "cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync);
+    R(free_async, "cuMemFreeAsync", cuMemFreeAsync);
+    R(create, "cuMemCreate", cuMemCreate);
+    R(release, "cuMemRelease", cuMemRelease);
+    R(array, "cuArrayCreate", cuArrayCreate_v2);
+    R(array3d, "cuArray3DCreate", cuArray3DCreate_v2);
+    R(array_destroy, "cuArrayDestroy", cuArrayDestroy);
+    R(meminfo, "cuMemGetInfo", cuMemGetInfo_v2);
+    R(devtotal, "cuDeviceTotalMem", cuDeviceTotalMem_v2);
+    R(launch, "cuLaunchKernel", cuLaunchKernel);
+    H ctx;
+    api.init(0);
+    api.retain(&ctx, 0);
+}
+
+static unsigned long long used(void) {
+    size_t f, t;
+    api.meminfo(&f, &t);
+    return (unsigned long long)(t - f);
+}
+
+static int fill(unsigned long long chunk, CUdeviceptr *ptrs, int max) {
+    int n = 0;
+    while (n < max && api.alloc(&ptrs[n], chunk) == 0) n++;
+    return n;
+}
+
+struct targs { unsigned long long chunk; int n; };
+static void *thread_fill(void *a) {
+    struct targs *t = a;
+    static __thread CUdeviceptr ptrs[4096];
+    t->n = fill(t->chunk, ptrs, 4096);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IONBF, 0);
+    load();
+    const char *cmd = argc > 1 ? argv[1] : "info";
+    if (!strcmp(cmd, "info")) {
+        size_t f, t, d;
+        api.meminfo(&f, &t);
+        api.devtotal(&d, 0);
+        printf("free=%zu\ntotal=%zu\ndevtotal=%zu\n", f, t, d);
+    } else if (!strcmp(cmd, "fill")) {
+        unsigned long long chunk = strtoull(argv[2], NULL, 10) * MIB;
+        static CUdeviceptr ptrs[65536];
+        int n = fill(chunk, ptrs, 65536);
+        printf("allocated_mib=%llu\n", n * chunk / MIB);
+        if (argc > 3) usleep((useconds_t)atoi(argv[3]) * 1000);
+        for (int i = 0; i < n; i++) api.free_(ptrs[i]);
+        size_t f, t;
+        api.meminfo(&f, &t);
+        printf("free_after_mib=%zu\n", f / MIB);
+    } else if (!strcmp(cmd, "threads")) {
+        int n = atoi(argv[2]);
+        pthread_t th[64];
+        struct targs a[64];
+        for (int i = 0; i < n; i++) { a[i].chunk = strtoull(argv[3], NULL, 10) * MIB; pthread_create(&th[i], NULL, thread_fill, &a[i]); }
+        unsigned long long total = 0;
+        for (int i = 0; i < n; i++) { pthread_join(th[i], NULL); total += a[i].n * a[i].chunk; }
+        printf("allocated_mib=%llu\n", total / MIB);
+    } else if (!strcmp(cmd, "kinds")) {
+        CUdeviceptr p[6]; size_t pitch; unsigned long long vmm; H arr, arr3;
+        struct { size_t w, h; unsigned fmt, ch; } d2 = {256, 256, 0x20, 4};      /* 1 MiB */
+        struct { size_t w, h, d; unsigned fmt, ch, fl; } d3 = {64, 64, 64, 0x01, 4, 0}; /* 1 MiB */
+        unsigned long long base = used();
+        int r;
+#define STEP(name, call) r = (call); printf(name "=%d used=%llu\n", r, used() - base);
+        STEP("alloc", api.alloc(&p[0], MIB))
+        STEP("pitch", api.pitch(&p[1], &pitch, 1000, 1024, 4))
+        STEP("managed", api.managed(&p[2], MIB, 1))
+        STEP("async", api.async_(&p[3], MIB, NULL))
+        STEP("pool", api.pool(&p[4], MIB, NULL, NULL))
+        STEP("vmm", api.create(&vmm, MIB, NULL, 0))
+        STEP("array", api.array(&arr, &d2))
+        STEP("array3d", api.array3d(&arr3, &d3))
+        for (int i = 0; i < 3; i++) api.free_(p[i]);
+        api.free_async(p[3], NULL);
+        api.free_async(p[4], NULL);
+        api.release(vmm);
+        api.array_destroy(arr);
+        api.array_destroy(arr3);
+        printf("after_free=%llu\n", used() - base);
+    } else if (!strcmp(cmd, "legacy")) {
+        CUresult (*legacy)(unsigned *, unsigned) = NULL;
+        int st;
+        gpa("cuMemAlloc", (void **)&legacy, 3000, 0, &st);
+        unsigned p;
+        printf("legacy=%d\n", legacy ? legacy(&p, (unsigned)(strtoull(argv[2], NULL, 10) * MIB)) : -1);
+    } else if (!strcmp(cmd, "launch")) {
+        long ms = atol(argv[2]);
+        unsigned blocks = (unsigned)atoi(argv[3]);
+        struct fake_gpu *g = fake_gpu();
+        uint64_t start = fake_now_ns(), mid_busy = 0, mid = 0;
+        int me = -1;
+        for (;;) {
+            uint64_t now = fake_now_ns();
+            if (now - start > (uint64_t)ms * 1000000ull) break;
+            if (!mid && now - start > (uint64_t)ms * 500000ull) {
+                fake_lock(g);
+                me = fake_proc(g, (uint32_t)getpid());
+                mid_busy = g->busy_ns[me];
+                fake_unlock(g);
+                mid = now;
+            }
+            api.launch(NULL, blocks, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+        }
+        fake_lock(g);
+        uint64_t end_busy = g->busy_ns[me >= 0 ? me : fake_proc(g, (uint32_t)getpid())];
+        fake_unlock(g);
+        printf("busy_percent=%.1f\n", 100.0 * (double)(end_busy - mid_busy) / (double)(fake_now_ns() - mid));
+    }
+    return 0;
+}

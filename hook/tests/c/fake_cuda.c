@@ -1,0 +1,206 @@
+/* A fake libcuda.so.1 for tessera-cuda-hook's tests: the entry points the hook touches, with
+ * the real ones' signatures, over the fake GPU of fake_gpu.h. Memory: $FAKE_GPU_MEMORY_MIB
+ * (default 16384). A kernel costs $FAKE_NS_PER_BLOCK ns per block of its grid (default 1000)
+ * on the shared timeline; launches block while more than 2 ms of work is queued, as a full
+ * GPU queue does. cuGetProcAddress answers with the versioned functions, as the driver does. */
+#include <string.h>
+#include "fake_gpu.h"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void *H;
+#define OK 0
+#define OOM 2
+#define NOT_FOUND 500
+
+#define MAXA 65536
+static __thread int dummy_tls;
+static struct { uint64_t id, size; } allocs[MAXA];
+static uint32_t nallocs;
+static uint32_t alloc_lock;
+
+static uint64_t total(void) {
+    const char *m = getenv("FAKE_GPU_MEMORY_MIB");
+    return (uint64_t)(m ? atoll(m) : 16384) << 20;
+}
+
+static CUresult take(uint64_t size, uint64_t *id) {
+    struct fake_gpu *g = fake_gpu();
+    fake_lock(g);
+    if (!g->memory_total) g->memory_total = total();
+    if (!g->next_ptr) g->next_ptr = 0x7f0000000000ull;
+    if (g->memory_used + size > g->memory_total) {
+        fake_unlock(g);
+        return OOM;
+    }
+    g->memory_used += size;
+    *id = g->next_ptr;
+    g->next_ptr += (size + 511) / 512 * 512 + 512;
+    fake_unlock(g);
+    while (__atomic_exchange_n(&alloc_lock, 1, __ATOMIC_ACQUIRE)) {}
+    if (nallocs < MAXA) { allocs[nallocs].id = *id; allocs[nallocs].size = size; nallocs++; }
+    __atomic_store_n(&alloc_lock, 0, __ATOMIC_RELEASE);
+    return OK;
+}
+
+static CUresult give(uint64_t id) {
+    uint64_t size = 0;
+    int found = 0;
+    while (__atomic_exchange_n(&alloc_lock, 1, __ATOMIC_ACQUIRE)) {}
+    for (uint32_t i = 0; i < nallocs; i++)
+        if (allocs[i].id == id) { size = allocs[i].size; allocs[i] = allocs[--nallocs]; found = 1; break; }
+    __atomic_store_n(&alloc_lock, 0, __ATOMIC_RELEASE);
+    if (!found) return 1; /* CUDA_ERROR_INVALID_VALUE */
+    struct fake_gpu *g = fake_gpu();
+    fake_lock(g);
+    g->memory_used -= size;
+    fake_unlock(g);
+    return OK;
+}
+
+static void run(uint64_t blocks) {
+    const char *c = getenv("FAKE_NS_PER_BLOCK");
+    uint64_t cost = blocks * (uint64_t)(c ? atoll(c) : 1000);
+    struct fake_gpu *g = fake_gpu();
+    fake_lock(g);
+    uint64_t now = fake_now_ns();
+    uint64_t start = g->busy_until_ns > now ? g->busy_until_ns : now;
+    g->busy_until_ns = start + cost;
+    int p = fake_proc(g, (uint32_t)getpid());
+    if (p >= 0) g->busy_ns[p] += cost;
+    g->busy_total_ns += cost;
+    g->launches++;
+    uint64_t until = g->busy_until_ns;
+    fake_unlock(g);
+    const uint64_t queue = 2000000;
+    for (;;) {
+        uint64_t t = fake_now_ns();
+        if (until <= t + queue) break;
+        uint64_t d = until - queue - t;
+        struct timespec ts = {(time_t)(d / 1000000000ull), (long)(d % 1000000000ull)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static uint64_t grid(unsigned x, unsigned y, unsigned z) {
+    return (uint64_t)(x ? x : 1) * (y ? y : 1) * (z ? z : 1);
+}
+
+CUresult cuInit(unsigned flags) { (void)flags; (void)dummy_tls; return OK; }
+CUresult cuDeviceGet(int *dev, int ordinal) { *dev = ordinal; return OK; }
+static CUresult ctx(H *c) {
+    struct fake_gpu *g = fake_gpu();
+    fake_lock(g);
+    fake_proc(g, (uint32_t)getpid());
+    fake_unlock(g);
+    *c = (H)0x1;
+    return OK;
+}
+CUresult cuDevicePrimaryCtxRetain(H *c, int dev) { (void)dev; return ctx(c); }
+CUresult cuCtxCreate_v2(H *c, unsigned flags, int dev) { (void)flags; (void)dev; return ctx(c); }
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { uint64_t id; CUresult r = take(n, &id); if (r == OK) *p = id; return r; }
+/* The pre-3.2 entry point: 32-bit pointers, another signature (the hook must not wrap it). */
+CUresult cuMemAlloc(unsigned *p, unsigned n) { uint64_t id; CUresult r = take(n, &id); if (r == OK) *p = (unsigned)id; return r; }
+CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) { (void)f; return cuMemAlloc_v2(p, n); }
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, H s) { (void)s; return cuMemAlloc_v2(p, n); }
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, H s) { (void)s; return cuMemAlloc_v2(p, n); }
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, H pool, H s) { (void)pool; (void)s; return cuMemAlloc_v2(p, n); }
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, H pool, H s) { (void)pool; (void)s; return cuMemAlloc_v2(p, n); }
+CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned e) {
+    (void)e;
+    *pitch = (w + 511) / 512 * 512;
+    return cuMemAlloc_v2(p, *pitch * h);
+}
+CUresult cuMemFree_v2(CUdeviceptr p) { return give(p); }
+CUresult cuMemFreeAsync(CUdeviceptr p, H s) { (void)s; return give(p); }
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, H s) { (void)s; return give(p); }
+CUresult cuMemCreate(unsigned long long *h, size_t n, const void *prop, unsigned long long f) {
+    (void)prop; (void)f;
+    uint64_t id; CUresult r = take(n, &id); if (r == OK) *h = id; return r;
+}
+CUresult cuMemRelease(unsigned long long h) { return give(h); }
+struct desc { size_t w, h; unsigned fmt, ch; };
+struct desc3 { size_t w, h, d; unsigned fmt, ch, flags; };
+static uint64_t fmt_bytes(unsigned f) { return (f == 1 || f == 8) ? 1 : (f == 2 || f == 9 || f == 0x10) ? 2 : 4; }
+CUresult cuArrayCreate_v2(H *a, const struct desc *d) {
+    uint64_t id; CUresult r = take(d->w * (d->h ? d->h : 1) * d->ch * fmt_bytes(d->fmt), &id);
+    if (r == OK) *a = (H)id; return r;
+}
+CUresult cuArray3DCreate_v2(H *a, const struct desc3 *d) {
+    uint64_t id; CUresult r = take(d->w * (d->h ? d->h : 1) * (d->d ? d->d : 1) * d->ch * fmt_bytes(d->fmt), &id);
+    if (r == OK) *a = (H)id; return r;
+}
+CUresult cuArrayDestroy(H a) { return give((uint64_t)a); }
+CUresult cuMemGetInfo_v2(size_t *fr, size_t *to) {
+    struct fake_gpu *g = fake_gpu();
+    fake_lock(g);
+    if (!g->memory_total) g->memory_total = total();
+    *to = g->memory_total;
+    *fr = g->memory_total - g->memory_used;
+    fake_unlock(g);
+    return OK;
+}
+CUresult cuDeviceTotalMem_v2(size_t *b, int dev) { (void)dev; *b = total(); return OK; }
+
+CUresult cuLaunchKernel(H f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned sh, H s, void **p, void **e) {
+    (void)f; (void)bx; (void)by; (void)bz; (void)sh; (void)s; (void)p; (void)e;
+    run(grid(gx, gy, gz));
+    return OK;
+}
+CUresult cuLaunchKernel_ptsz(H f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                             unsigned sh, H s, void **p, void **e) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sh, s, p, e);
+}
+struct launch_config { unsigned gx, gy, gz, bx, by, bz, sh; H s; void *attrs; unsigned n; };
+CUresult cuLaunchKernelEx(const struct launch_config *c, H f, void **p, void **e) {
+    (void)f; (void)p; (void)e;
+    run(grid(c->gx, c->gy, c->gz));
+    return OK;
+}
+CUresult cuLaunchKernelEx_ptsz(const struct launch_config *c, H f, void **p, void **e) { return cuLaunchKernelEx(c, f, p, e); }
+CUresult cuLaunchCooperativeKernel(H f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                   unsigned bz, unsigned sh, H s, void **p) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sh, s, p, NULL);
+}
+CUresult cuLaunchCooperativeKernel_ptsz(H f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                        unsigned bz, unsigned sh, H s, void **p) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sh, s, p, NULL);
+}
+CUresult cuGraphLaunch(H g, H s) { (void)g; (void)s; run(1024); return OK; }
+CUresult cuGraphLaunch_ptsz(H g, H s) { return cuGraphLaunch(g, s); }
+
+CUresult cuGetProcAddress(const char *sym, void **pfn, int version, unsigned long long flags);
+CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, unsigned long long flags, int *status);
+
+#define PTDS 2ull
+static void *lookup(const char *s, int version, unsigned long long flags) {
+    int ptds = (flags & PTDS) != 0;
+#define E(name, fn) if (!strcmp(s, name)) return (void *)(fn);
+#define P(name, fn, fnp) if (!strcmp(s, name)) return ptds ? (void *)(fnp) : (void *)(fn);
+    if (!strcmp(s, "cuMemAlloc")) return version >= 3020 ? (void *)cuMemAlloc_v2 : (void *)cuMemAlloc;
+    E("cuInit", cuInit) E("cuDeviceGet", cuDeviceGet)
+    E("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain) E("cuCtxCreate", cuCtxCreate_v2)
+    E("cuMemAllocManaged", cuMemAllocManaged) E("cuMemAllocPitch", cuMemAllocPitch_v2)
+    P("cuMemAllocAsync", cuMemAllocAsync, cuMemAllocAsync_ptsz)
+    P("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz)
+    E("cuMemFree", cuMemFree_v2) P("cuMemFreeAsync", cuMemFreeAsync, cuMemFreeAsync_ptsz)
+    E("cuMemCreate", cuMemCreate) E("cuMemRelease", cuMemRelease)
+    E("cuArrayCreate", cuArrayCreate_v2) E("cuArray3DCreate", cuArray3DCreate_v2) E("cuArrayDestroy", cuArrayDestroy)
+    E("cuMemGetInfo", cuMemGetInfo_v2) E("cuDeviceTotalMem", cuDeviceTotalMem_v2)
+    P("cuLaunchKernel", cuLaunchKernel, cuLaunchKernel_ptsz) P("cuLaunchKernelEx", cuLaunchKernelEx, cuLaunchKernelEx_ptsz)
+    P("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz)
+    P("cuGraphLaunch", cuGraphLaunch, cuGraphLaunch_ptsz)
+    if (!strcmp(s, "cuGetProcAddress")) return version >= 12050 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+    return NULL;
+}
+CUresult cuGetProcAddress(const char *sym, void **pfn, int version, unsigned long long flags) {
+    *pfn = lookup(sym, version, flags);
+    return *pfn ? OK : NOT_FOUND;
+}
+CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, unsigned long long flags, int *status) {
+    *pfn = lookup(sym, version, flags);
+    if (status) *status = *pfn ? 0 : 1;
+    return *pfn ? OK : NOT_FOUND;
+}

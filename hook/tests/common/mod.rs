@@ -1,0 +1,91 @@
+//! Builds the fakes and the client with `cc` (once per test binary) and finds the hook library
+//! cargo built.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The built fakes and clients.
+pub struct Built {
+    _dir: tempfile::TempDir,
+    /// Where they are: libcuda.so.1, libnvidia-ml.so.1, client_dl, client_linked.
+    pub lib_dir: PathBuf,
+}
+
+fn cc(args: &[&str]) {
+    let out = Command::new("cc").args(args).output().expect("cc runs");
+    assert!(
+        out.status.success(),
+        "cc {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Builds once.
+pub fn built() -> &'static Built {
+    static B: OnceLock<Built> = OnceLock::new();
+    B.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+        let s = |f: &str| src.join(f).display().to_string();
+        let o = |f: &str| d.join(f).display().to_string();
+        let inc = format!("-I{}", src.display());
+        // -Bsymbolic: like the real driver, the fake's calls to its own functions stay inside it
+        // (never reach the preloaded hook).
+        cc(&[
+            "-shared",
+            "-fPIC",
+            "-O2",
+            &inc,
+            "-Wl,-soname,libcuda.so.1",
+            "-Wl,-Bsymbolic",
+            "-o",
+            &o("libcuda.so.1"),
+            &s("fake_cuda.c"),
+        ]);
+        std::os::unix::fs::symlink("libcuda.so.1", d.join("libcuda.so")).unwrap();
+        cc(&[
+            "-shared",
+            "-fPIC",
+            "-O2",
+            &inc,
+            "-o",
+            &o("libnvidia-ml.so.1"),
+            &s("fake_nvml.c"),
+        ]);
+        cc(&[
+            "-O2",
+            &inc,
+            "-o",
+            &o("client_dl"),
+            &s("cuda_client.c"),
+            "-ldl",
+            "-lpthread",
+        ]);
+        let lib = format!("-L{}", d.display());
+        cc(&[
+            "-O2",
+            "-DLINKED",
+            &inc,
+            "-o",
+            &o("client_linked"),
+            &s("cuda_client.c"),
+            &lib,
+            "-lcuda",
+            "-lpthread",
+        ]);
+        Built {
+            lib_dir: d.to_path_buf(),
+            _dir: dir,
+        }
+    })
+}
+
+/// The hook library cargo built beside this test.
+pub fn hook_lib() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().unwrap().parent().unwrap().join("libtessera_cuda_hook.so");
+    assert!(p.exists(), "{} not built", p.display());
+    p
+}

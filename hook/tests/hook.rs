@@ -1,0 +1,261 @@
+//! The hook preloaded into real processes that use a fake driver (built here with `cc`:
+//! tests/c/fake_cuda.c as libcuda.so.1, tests/c/fake_nvml.c as libnvidia-ml.so.1) the two ways
+//! programs reach the driver: linked against it, and dlopen + cuGetProcAddress as the CUDA
+//! runtime does (tests/c/cuda_client.c built both ways).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use common::{built, hook_lib};
+
+/// The fake GPU's memory.
+const GPU_MIB: u64 = 16384;
+
+/// One container: a fake GPU and, when configured, the hook's config and shared state.
+struct Container {
+    dir: tempfile::TempDir,
+    config: Option<String>,
+    /// Another container's fake GPU, when both share one card.
+    gpu: Option<PathBuf>,
+}
+
+impl Container {
+    fn new(config: Option<&str>) -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            config: config.map(str::to_string),
+            gpu: None,
+        }
+    }
+
+    /// This container on `other`'s card.
+    fn beside(mut self, other: &Container) -> Self {
+        self.gpu = Some(other.dir.path().join("gpu"));
+        self
+    }
+
+    fn limited(memory_mib: u64, core: Option<u32>) -> Self {
+        let mut c = format!("uuid=GPU-00000000-0000-0000-0000-000000000001\nmemory_limit_mib={memory_mib}\n");
+        if let Some(core) = core {
+            c += &format!("core_limit={core}\n");
+        }
+        Self::new(Some(&c))
+    }
+
+    fn command(&self, client: &str, args: &[&str]) -> Command {
+        let b = built();
+        let mut cmd = Command::new(b.lib_dir.join(client));
+        cmd.args(args)
+            .env("LD_LIBRARY_PATH", &b.lib_dir)
+            .env(
+                "FAKE_GPU_STATE",
+                self.gpu.clone().unwrap_or_else(|| self.dir.path().join("gpu")),
+            )
+            .env("FAKE_GPU_MEMORY_MIB", GPU_MIB.to_string())
+            .env("LD_PRELOAD", hook_lib());
+        if let Some(c) = &self.config {
+            let path = self.dir.path().join("config");
+            let c = format!("{c}state_dir={}\n", self.dir.path().join("state").display());
+            std::fs::write(&path, c).unwrap();
+            cmd.env("TESSERA_HOOK_CONFIG", path);
+        }
+        cmd
+    }
+
+    fn run(&self, client: &str, args: &[&str]) -> (BTreeMap<String, String>, String) {
+        let out: Output = self.command(client, args).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{client} {args:?}: {stdout}{stderr}");
+        (
+            stdout
+                .lines()
+                .flat_map(|l| l.split_whitespace())
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            stderr,
+        )
+    }
+}
+
+fn num(kv: &BTreeMap<String, String>, k: &str) -> f64 {
+    kv.get(k).unwrap_or_else(|| panic!("no {k} in {kv:?}")).parse().unwrap()
+}
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+#[test]
+fn memory_stops_at_the_share_for_linked_and_runtime_style_programs() {
+    for client in ["client_linked", "client_dl"] {
+        let c = Container::limited(4096, None);
+        let (kv, _) = c.run(client, &["info"]);
+        // The share is the card as the program sees it.
+        assert_eq!(num(&kv, "total") / MIB, 4096.0, "{client}");
+        assert_eq!(num(&kv, "devtotal") / MIB, 4096.0, "{client}");
+        assert_eq!(num(&kv, "free") / MIB, 4096.0, "{client}");
+        let (kv, _) = c.run(client, &["fill", "256"]);
+        assert_eq!(num(&kv, "allocated_mib"), 4096.0, "{client}: {kv:?}");
+        assert_eq!(num(&kv, "free_after_mib"), 4096.0, "{client}: frees give it back");
+    }
+}
+
+#[test]
+fn the_limit_holds_across_threads_and_processes() {
+    let c = Container::limited(4096, None);
+    let (kv, _) = c.run("client_dl", &["threads", "8", "64"]);
+    assert_eq!(num(&kv, "allocated_mib"), 4096.0, "{kv:?}");
+    // Two processes of the container fill at once and hold: together they get the share.
+    let spawn = |client: &str| {
+        c.command(client, &["fill", "128", "1500"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn("client_linked"), spawn("client_dl"));
+    let outs: Vec<Output> = [a, b].into_iter().map(|p| p.wait_with_output().unwrap()).collect();
+    let got: Vec<f64> = outs
+        .iter()
+        .map(|o| {
+            let s = String::from_utf8_lossy(&o.stdout);
+            s.lines()
+                .find_map(|l| l.strip_prefix("allocated_mib="))
+                .unwrap_or_else(|| panic!("{s}"))
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    // Both held at once: what one got, the other could not.
+    assert_eq!(got.iter().sum::<f64>(), 4096.0, "{got:?}");
+    // A process killed while holding memory does not keep it.
+    let mut held = c
+        .command("client_dl", &["fill", "512", "60000"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    held.kill().unwrap();
+    held.wait().unwrap();
+    let (kv, _) = c.run("client_linked", &["fill", "256"]);
+    assert_eq!(num(&kv, "allocated_mib"), 4096.0, "a dead process's memory came back");
+}
+
+#[test]
+fn every_allocation_kind_is_counted_and_freed() {
+    let c = Container::limited(4096, None);
+    let (kv, _) = c.run("client_dl", &["kinds"]);
+    for kind in ["alloc", "pitch", "managed", "async", "pool", "vmm", "array", "array3d"] {
+        assert_eq!(kv[kind], "0", "{kind} failed: {kv:?}");
+    }
+    // Each allocation of about 1 MiB shows in cuMemGetInfo, and all of it goes when freed.
+    let out = c.command("client_dl", &["kinds"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let used: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.split_once(" used=").map(|(_, u)| u.parse::<f64>().unwrap() / MIB))
+        .collect();
+    assert_eq!(used, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], "{text}");
+    assert!(text.contains("after_free=0"), "{text}");
+    // Counted against the limit: a 4 GiB share with 8 MiB held allocates 4088 more.
+    let (kv, _) = c.run("client_linked", &["fill", "8"]);
+    assert_eq!(num(&kv, "allocated_mib"), 4096.0);
+}
+
+#[test]
+fn without_a_configuration_calls_pass_through() {
+    // No configuration: the whole fake card.
+    let c = Container::new(None);
+    let (kv, stderr) = c.run("client_dl", &["fill", "1024"]);
+    assert_eq!(num(&kv, "allocated_mib"), GPU_MIB as f64);
+    assert!(stderr.is_empty(), "{stderr}");
+    // A broken one: the same, said once.
+    let c = Container::new(Some("uuid=GPU-1\nmemory_limit_mib=lots\n"));
+    let (kv, stderr) = c.run("client_linked", &["fill", "1024"]);
+    assert_eq!(num(&kv, "allocated_mib"), GPU_MIB as f64);
+    assert_eq!(stderr.matches("tessera-cuda-hook:").count(), 1, "{stderr}");
+    assert!(stderr.contains("memory_limit_mib=\"lots\""), "{stderr}");
+}
+
+#[test]
+fn legacy_entry_points_are_not_wrapped() {
+    // cuGetProcAddress for a pre-3.2 version gives the 32-bit cuMemAlloc: another signature,
+    // handed out untouched (so also not limited).
+    let c = Container::limited(1024, None);
+    let (kv, _) = c.run("client_dl", &["legacy", "2048"]);
+    assert_eq!(kv["legacy"], "0");
+}
+
+#[test]
+fn launches_are_throttled_to_the_compute_share() {
+    // Unhooked, the loop keeps the fake GPU busy.
+    let free = Container::new(None);
+    let (kv, _) = free.run("client_dl", &["launch", "2000", "100"]);
+    assert!(num(&kv, "busy_percent") > 85.0, "{kv:?}");
+    for (client, core) in [("client_dl", 30u32), ("client_linked", 60)] {
+        let c = Container::limited(4096, Some(core));
+        let (kv, _) = c.run(client, &["launch", "4000", "100"]);
+        let busy = num(&kv, "busy_percent");
+        assert!((busy - f64::from(core)).abs() <= 10.0, "{client} at {core}%: {busy}");
+    }
+}
+
+#[test]
+fn two_processes_of_a_share_together_stay_near_it() {
+    let c = Container::limited(4096, Some(40));
+    let procs: Vec<_> = ["client_dl", "client_linked"]
+        .iter()
+        .map(|cl| {
+            c.command(cl, &["launch", "5000", "100"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let busy: Vec<f64> = procs
+        .into_iter()
+        .map(|p| {
+            let o = p.wait_with_output().unwrap();
+            let s = String::from_utf8_lossy(&o.stdout).into_owned();
+            s.lines()
+                .find_map(|l| l.strip_prefix("busy_percent="))
+                .unwrap_or_else(|| panic!("{s}"))
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let sum: f64 = busy.iter().sum();
+    assert!((sum - 40.0).abs() <= 12.0, "together {sum}% ({busy:?})");
+}
+
+/// Two containers with different shares on one card: each measures its own processes'
+/// utilization (its host pids, found when its context was created), not the card's, so each
+/// settles at its own share. Taking the card's utilization instead would have both chase the
+/// sum.
+#[test]
+fn two_containers_on_one_card_each_get_their_own_share() {
+    let a = Container::limited(4096, Some(25));
+    let b = Container::limited(4096, Some(50)).beside(&a);
+    let run = |c: &Container| {
+        c.command("client_dl", &["launch", "6000", "100"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (pa, pb) = (run(&a), run(&b));
+    let busy = |p: std::process::Child| -> f64 {
+        let s = String::from_utf8_lossy(&p.wait_with_output().unwrap().stdout).into_owned();
+        s.lines()
+            .find_map(|l| l.strip_prefix("busy_percent="))
+            .unwrap_or_else(|| panic!("{s}"))
+            .parse()
+            .unwrap()
+    };
+    let (ba, bb) = (busy(pa), busy(pb));
+    assert!(
+        (ba - 25.0).abs() <= 10.0 && (bb - 50.0).abs() <= 12.0,
+        "25% share: {ba}, 50% share: {bb}"
+    );
+}

@@ -1,0 +1,235 @@
+//! Hook mode end to end on real containerd (1.7 and 2.x): a share container gets the library,
+//! a read-only /etc/ld.so.preload naming it and its own limits; a glibc program in it, using
+//! the node's (fake) driver as CUDA programs do, is stopped at the share by the preloaded hook.
+//! Whole cards are not hooked; a node without the library installed refuses shares; a removed
+//! container's files go.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_cdi_generator::spec::{self, SpecOptions};
+use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
+use tessera_core::enforcement::{ANNOTATION_ENFORCED_BY, HOOK_LIBRARY_IN_CONTAINER, HookLayout, ShareEnforcement};
+use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
+use tessera_core::inventory::{FixtureSource, InventorySource, NodeInventory, create_device_nodes};
+use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
+use tessera_core::request::ContainerRole;
+use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
+use tessera_nri_plugin::session::{self, Identity};
+use tessera_tests::containerd::{ContainerSpec, Containerd, Pod, Version};
+
+const NODE: &str = "node-hook";
+const IMAGE: &str = "docker.io/tessera/cuda-client:test";
+
+/// A node whose driver files are the fake driver (so the spec mounts it as libcuda.so.1).
+fn node(root: &Path) -> anyhow::Result<NodeInventory> {
+    let inv = FixtureSource {
+        fixture: "t4x2".into(),
+        driver_root: Some(root.join("driver")),
+    }
+    .discover()?;
+    let b = common::built();
+    for f in &inv.driver_files {
+        let p = inv.host_path(f);
+        std::fs::create_dir_all(p.parent().unwrap())?;
+        match f.stem().as_deref() {
+            Some("libcuda") => std::fs::copy(b.lib_dir.join("libcuda.so.1"), &p).map(|_| ())?,
+            Some("libnvidia-ml") => std::fs::copy(b.lib_dir.join("libnvidia-ml.so.1"), &p).map(|_| ())?,
+            _ => std::fs::write(&p, b"fake")?,
+        }
+    }
+    create_device_nodes(&inv, &root.join("host"))?;
+    Ok(inv)
+}
+
+/// An image with the client and the C library it needs (from this machine).
+fn image(work: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let rootfs = work.join("rootfs");
+    std::fs::create_dir_all(rootfs.join("bin"))?;
+    std::fs::create_dir_all(rootfs.join("tmp"))?;
+    let client = common::built().lib_dir.join("client_dl");
+    std::fs::copy(&client, rootfs.join("bin/client"))?;
+    let ldd = Command::new("ldd").arg(&client).output()?;
+    for lib in String::from_utf8_lossy(&ldd.stdout)
+        .split_whitespace()
+        .filter(|w| w.starts_with('/'))
+    {
+        let dest = rootfs.join(lib.trim_start_matches('/'));
+        std::fs::create_dir_all(dest.parent().unwrap())?;
+        std::fs::copy(lib, dest)?;
+    }
+    let tar = work.join("image.tar");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/runtimes/oci-image.sh");
+    let st = Command::new("bash")
+        .arg(script)
+        .arg(&rootfs)
+        .arg(IMAGE)
+        .arg(&tar)
+        .status()?;
+    anyhow::ensure!(st.success(), "oci-image.sh failed");
+    Ok(tar)
+}
+
+async fn pod(c: &mut Containerd, keys: &SigningKeys, name: &str, device: AllocatedDevice) -> anyhow::Result<Pod> {
+    let uid = format!("uid-{name}");
+    let mut a = Allocation::new(NODE, &uid);
+    a.containers.push(ContainerAllocation {
+        name: "main".into(),
+        role: ContainerRole::App,
+        devices: vec![device],
+    });
+    let s = keys.sign(&a);
+    c.run_pod_with_uid(
+        name,
+        &uid,
+        &[
+            (ANNOTATION_ALLOCATION, &s.allocation),
+            (ANNOTATION_ALLOCATION_SIGNATURE, &s.signature),
+        ],
+    )
+    .await
+}
+
+fn client(args: &[&str], amounts: &[(&str, &str)]) -> ContainerSpec {
+    let mut cmd = vec!["/bin/client"];
+    cmd.extend_from_slice(args);
+    let mut s = ContainerSpec::new("main", &cmd)
+        .image(IMAGE)
+        .env("FAKE_GPU_STATE", "/tmp/fake-gpu")
+        .env("FAKE_GPU_MEMORY_MIB", "16384");
+    for (k, v) in amounts {
+        s = s.annotation(&format!("tessera.io/allocated.{k}"), v);
+    }
+    s
+}
+
+const SHARE: [(&str, &str); 3] = [("gpu-core", "30"), ("gpu-memory", "8"), ("gpu-memory-mib", "8192")];
+
+fn kv(out: &str) -> BTreeMap<&str, &str> {
+    out.lines().filter_map(|l| l.split_once('=')).collect()
+}
+
+async fn hook_mode(version: Version) -> anyhow::Result<()> {
+    let mut c = Containerd::start(version).await?;
+    let work = tempfile::tempdir()?;
+    let inv = node(work.path())?;
+    c.import_image(&image(work.path())?)?;
+    let layout = HookLayout::new(work.path().join("hook"));
+    let opts = SpecOptions {
+        dev_root: work.path().join("host"),
+        enforcement: ShareEnforcement::Hook,
+        hook: layout.clone(),
+        ..Default::default()
+    };
+    write_spec(&c.cdi_dir(), SPEC_FILE, &spec::render(&inv, &opts)?.1)?;
+    let keys = SigningKeys::new("k1", [("k1".to_string(), vec![3u8; 32])])?;
+    let plugin = Arc::new(TesseraPlugin::new(PluginConfig {
+        node: NODE.into(),
+        keys: keys.clone(),
+        cdi_dirs: vec![c.cdi_dir()],
+        enforcement: ShareEnforcement::Hook,
+        mps: Default::default(),
+        hook: layout.clone(),
+    }));
+    let mut synced = plugin.synchronized();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let id = Identity {
+        name: "tessera".into(),
+        idx: "10".into(),
+    };
+    let task = tokio::spawn(session::run_external(c.nri_socket(), id, plugin, async move {
+        let _ = stop_rx.await;
+    }));
+    tokio::time::timeout(Duration::from_secs(15), synced.wait_for(|n| *n > 0)).await??;
+    let gpu = inv.gpus[0].clone();
+    let share = AllocatedDevice::share(&gpu, 30, 8192);
+
+    // Not installed yet: the share is refused, saying so.
+    let p = pod(&mut c, &keys, "early", share.clone()).await?;
+    let err = format!(
+        "{:#}",
+        c.create_container(&p, client(&["info"], &SHARE)).await.unwrap_err()
+    );
+    assert!(err.contains("the CUDA hook is not installed"), "{err}");
+
+    // Installed: the program sees the share as its card and cannot allocate past it.
+    assert!(layout.install(&common::hook_lib())?);
+    let p = pod(&mut c, &keys, "share", share.clone()).await?;
+    let cid = c.create_container(&p, client(&["info"], &SHARE)).await?;
+    let s = c.oci_spec(&cid).await?;
+    assert_eq!(
+        s.annotations()
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_ENFORCED_BY))
+            .map(String::as_str),
+        Some("hook")
+    );
+    let preload = s
+        .mounts()
+        .iter()
+        .flatten()
+        .find(|m| m.destination() == Path::new("/etc/ld.so.preload"))
+        .expect("ld.so.preload mounted");
+    assert!(preload.options().iter().flatten().any(|o| o == "ro"));
+    assert_eq!(
+        std::fs::read_to_string(preload.source().as_ref().unwrap())?.trim(),
+        HOOK_LIBRARY_IN_CONTAINER
+    );
+    let (code, out) = c.run_to_exit(&cid).await?;
+    assert_eq!(code, 0, "{out}");
+    let info = kv(&out);
+    assert_eq!(info.get("total"), Some(&(8192u64 << 20).to_string().as_str()), "{out}");
+    let config = std::fs::read_to_string(layout.container_dir(&cid).join("config"))?;
+    assert!(
+        config.contains(&format!("uuid={}", gpu.uuid)) && config.contains("memory_limit_mib=8192"),
+        "{config}"
+    );
+    assert!(config.contains("core_limit=30"), "{config}");
+
+    let p = pod(&mut c, &keys, "fill", share.clone()).await?;
+    let cid = c.create_container(&p, client(&["fill", "512"], &SHARE)).await?;
+    let (code, out) = c.run_to_exit(&cid).await?;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(kv(&out).get("allocated_mib"), Some(&"8192"), "{out}");
+
+    // A whole card: no hook.
+    let p = pod(&mut c, &keys, "whole", AllocatedDevice::whole(&inv.gpus[1])).await?;
+    let cid = c
+        .create_container(&p, client(&["fill", "1024"], &[("gpu-core", "100")]))
+        .await?;
+    assert!(
+        !c.oci_spec(&cid)
+            .await?
+            .mounts()
+            .iter()
+            .flatten()
+            .any(|m| m.destination() == Path::new("/etc/ld.so.preload"))
+    );
+    let (code, out) = c.run_to_exit(&cid).await?;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(kv(&out).get("allocated_mib"), Some(&"16384"), "{out}");
+
+    // Removing a container removes its hook files.
+    let dir = layout.container_dir(&cid);
+    c.remove_pod(&p).await?;
+    let share_pods: Vec<_> = std::fs::read_dir(layout.root.join("containers"))?.flatten().collect();
+    assert!(!dir.exists() && !share_pods.is_empty());
+    let _ = stop_tx.send(());
+    task.await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hook_mode_on_containerd_1_7() -> anyhow::Result<()> {
+    hook_mode(Version::V1_7).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hook_mode_on_containerd_2() -> anyhow::Result<()> {
+    hook_mode(Version::V2).await
+}
