@@ -21,7 +21,7 @@ out=target/manifests
 mkdir -p "$out"
 cargo run -q --locked -p tessera-extender -- manifests \
     --namespace gpu-sharing --image registry.example.com/tessera:dev --replicas 3 \
-    --driver-root /run/nvidia/driver --share-enforcement none --out "$out/custom.yaml"
+    --driver-root /run/nvidia/driver --share-enforcement hook --out "$out/custom.yaml"
 for v in 1.29.0 1.30.0 1.31.0 1.32.0 1.33.0 1.34.0; do
     "$VENV/bin/kubernetes-validate" --strict --quiet -k "$v" deploy/tessera.yaml "$out/custom.yaml" deploy/examples/*.yaml
     echo "manifests valid for Kubernetes $v"

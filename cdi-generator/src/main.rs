@@ -7,7 +7,7 @@ use tessera_cdi_generator::daemon::{self, DaemonConfig};
 use tessera_cdi_generator::driver_report;
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{self, DEFAULT_CDI_DIR};
-use tessera_core::enforcement::{DEFAULT_MPS_ROOT, MpsLayout, ShareEnforcement};
+use tessera_core::enforcement::{DEFAULT_HOOK_ROOT, DEFAULT_MPS_ROOT, HookLayout, MpsLayout, ShareEnforcement};
 use tessera_core::inventory::{FixtureSource, InventorySource, NvmlSource};
 
 /// Tessera's CDI spec generator.
@@ -49,6 +49,12 @@ struct EnforcementArgs {
     /// Where the MPS daemons' directories are (a host path).
     #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT)]
     mps_root: PathBuf,
+    /// Where hook mode's files are (a host path; the library is installed under it).
+    #[arg(long, env = "TESSERA_HOOK_ROOT", default_value = DEFAULT_HOOK_ROOT)]
+    hook_root: PathBuf,
+    /// The CUDA hook library to install on the host in hook mode (the image's copy).
+    #[arg(long, default_value = "/usr/local/lib/tessera/libtessera-cuda-hook.so")]
+    hook_library: PathBuf,
 }
 
 impl EnforcementArgs {
@@ -57,7 +63,26 @@ impl EnforcementArgs {
             dev_root: dev_root.to_path_buf(),
             enforcement: self.share_enforcement,
             mps: MpsLayout::new(&self.mps_root),
+            hook: HookLayout::new(&self.hook_root),
         }
+    }
+
+    /// In hook mode, installs the library on the host before any spec names it.
+    fn install_hook(&self) -> anyhow::Result<()> {
+        if self.share_enforcement == ShareEnforcement::Hook {
+            let layout = HookLayout::new(&self.hook_root);
+            let changed = layout.install(&self.hook_library).with_context(|| {
+                format!(
+                    "installing the CUDA hook {} under {}",
+                    self.hook_library.display(),
+                    self.hook_root.display()
+                )
+            })?;
+            if changed {
+                tracing::info!(library = %layout.library().display(), "CUDA hook installed");
+            }
+        }
+        Ok(())
     }
 }
 
@@ -136,6 +161,7 @@ async fn main() -> anyhow::Result<()> {
             output,
         } => {
             let inventory = source.source().discover().context("reading the GPU inventory")?;
+            enforcement.install_hook()?;
             let (_, text) = spec::render(&inventory, &enforcement.spec(&source.dev_root))?;
             if output == "-" {
                 print!("{text}");
@@ -164,6 +190,7 @@ async fn main() -> anyhow::Result<()> {
             interval_secs,
             node_name,
         } => {
+            enforcement.install_hook()?;
             let config = DaemonConfig {
                 cdi_dir,
                 spec: enforcement.spec(&source.dev_root),

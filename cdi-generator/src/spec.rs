@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tessera_core::enforcement::{MpsLayout, ShareEnforcement};
+use tessera_core::enforcement::{HOOK_LIBRARY_IN_CONTAINER, HookLayout, MpsLayout, ShareEnforcement};
 use tessera_core::inventory::{DeviceNode, DriverFileKind, Gpu, NodeInventory};
 use tessera_core::names::CDI_KIND;
 
@@ -114,6 +114,8 @@ pub struct SpecOptions {
     pub enforcement: ShareEnforcement,
     /// Where the MPS daemons' directories are.
     pub mps: MpsLayout,
+    /// Where hook mode's library is installed.
+    pub hook: HookLayout,
 }
 
 impl Default for SpecOptions {
@@ -122,6 +124,7 @@ impl Default for SpecOptions {
             dev_root: "/".into(),
             enforcement: ShareEnforcement::None,
             mps: MpsLayout::default(),
+            hook: HookLayout::default(),
         }
     }
 }
@@ -199,6 +202,18 @@ fn share_edits(gpu: &Gpu, opts: &SpecOptions) -> CdiEdits {
         device_nodes: vec![node(&gpu.device, opts)],
         ..Default::default()
     };
+    if opts.enforcement == ShareEnforcement::Hook {
+        // Preloaded into every process of the container by the mounted ld.so.preload (which
+        // the container's env cannot undo); its limits come per container from the plugin.
+        edits.mounts.push(ro_bind(
+            opts.hook.library().display().to_string(),
+            HOOK_LIBRARY_IN_CONTAINER.into(),
+        ));
+        edits.mounts.push(ro_bind(
+            opts.hook.preload().display().to_string(),
+            "/etc/ld.so.preload".into(),
+        ));
+    }
     if opts.enforcement == ShareEnforcement::Mps {
         let rw = |host: PathBuf, container: &str| CdiMount {
             host_path: host.display().to_string(),

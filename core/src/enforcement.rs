@@ -32,12 +32,15 @@ pub enum ShareEnforcement {
     /// One MPS control daemon per card, run by Tessera: compute by active-thread percentage,
     /// memory by the pinned device memory limit. A share whose daemon is down is refused.
     Mps,
+    /// Tessera's CUDA driver hook preloaded into share containers: memory past the share fails,
+    /// launches are throttled to the compute share. Refused when the library is not installed.
+    Hook,
 }
 
 impl ShareEnforcement {
     /// Whether this mode holds shares to their limits.
     pub fn enforces(self) -> bool {
-        matches!(self, ShareEnforcement::Mps)
+        matches!(self, ShareEnforcement::Mps | ShareEnforcement::Hook)
     }
 }
 
@@ -47,6 +50,7 @@ impl fmt::Display for ShareEnforcement {
             ShareEnforcement::Unknown => "unknown",
             ShareEnforcement::None => "none",
             ShareEnforcement::Mps => "mps",
+            ShareEnforcement::Hook => "hook",
         })
     }
 }
@@ -58,7 +62,8 @@ impl FromStr for ShareEnforcement {
         match s {
             "none" => Ok(ShareEnforcement::None),
             "mps" => Ok(ShareEnforcement::Mps),
-            other => Err(format!("share enforcement {other:?}: expected mps or none")),
+            "hook" => Ok(ShareEnforcement::Hook),
+            other => Err(format!("share enforcement {other:?}: expected mps, hook or none")),
         }
     }
 }
@@ -79,7 +84,8 @@ impl FromStr for EnforcementRequirement {
         match s {
             "required" => Ok(EnforcementRequirement::Any),
             "mps" => Ok(EnforcementRequirement::Mode(ShareEnforcement::Mps)),
-            other => Err(format!("{other:?}: expected required or mps")),
+            "hook" => Ok(EnforcementRequirement::Mode(ShareEnforcement::Hook)),
+            other => Err(format!("{other:?}: expected required, mps or hook")),
         }
     }
 }
@@ -191,6 +197,135 @@ impl MpsLayout {
     }
 }
 
+/// Where hook mode keeps its files on the host (a tmpfs), and where containers see them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookLayout {
+    /// The root (`/run/tessera/hook`).
+    pub root: PathBuf,
+}
+
+/// Where Tessera's hook mode files live on the host by default.
+pub const DEFAULT_HOOK_ROOT: &str = "/run/tessera/hook";
+/// The hook library's path inside share containers.
+pub const HOOK_LIBRARY_IN_CONTAINER: &str = "/usr/local/tessera/lib/libtessera-cuda-hook.so";
+/// The container's hook configuration (read-only), where the library looks for it.
+pub const HOOK_CONFIG_IN_CONTAINER: &str = "/run/tessera/hook/config";
+/// The container's shared accounting directory (writable).
+pub const HOOK_STATE_IN_CONTAINER: &str = "/run/tessera/hook/state";
+
+impl Default for HookLayout {
+    fn default() -> Self {
+        Self {
+            root: DEFAULT_HOOK_ROOT.into(),
+        }
+    }
+}
+
+impl HookLayout {
+    /// A layout under `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// The installed library.
+    pub fn library(&self) -> PathBuf {
+        self.root.join("lib/libtessera-cuda-hook.so")
+    }
+
+    /// The `ld.so.preload` file mounted over containers' `/etc/ld.so.preload`.
+    pub fn preload(&self) -> PathBuf {
+        self.root.join("lib/ld.so.preload")
+    }
+
+    /// A container's directory.
+    pub fn container_dir(&self, container_id: &str) -> PathBuf {
+        self.root.join("containers").join(container_id)
+    }
+
+    /// Whether the library is installed; the error says what is missing.
+    pub fn ready(&self) -> Result<(), String> {
+        for p in [self.library(), self.preload()] {
+            if !p.is_file() {
+                return Err(format!(
+                    "the CUDA hook is not installed ({} is missing: is tessera-cdi-generator running in hook mode?)",
+                    p.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Installs `library` (the node agent's own copy) and the preload file naming it, replacing
+    /// them atomically when they differ; returns whether anything changed.
+    pub fn install(&self, library: &std::path::Path) -> std::io::Result<bool> {
+        let lib_dir = self.root.join("lib");
+        std::fs::create_dir_all(&lib_dir)?;
+        let mut changed = false;
+        let new = std::fs::read(library)?;
+        if std::fs::read(self.library()).ok().as_deref() != Some(new.as_slice()) {
+            let tmp = lib_dir.join(".libtessera-cuda-hook.so.tmp");
+            std::fs::write(&tmp, &new)?;
+            std::fs::rename(&tmp, self.library())?;
+            changed = true;
+        }
+        let preload = format!("{HOOK_LIBRARY_IN_CONTAINER}\n");
+        if std::fs::read_to_string(self.preload()).ok().as_deref() != Some(preload.as_str()) {
+            let tmp = lib_dir.join(".ld.so.preload.tmp");
+            std::fs::write(&tmp, preload)?;
+            std::fs::rename(&tmp, self.preload())?;
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    /// Removes the directories of containers not in `live` (after a plugin restart).
+    pub fn forget_except(&self, live: &std::collections::HashSet<String>) {
+        let Ok(rd) = std::fs::read_dir(self.root.join("containers")) else {
+            return;
+        };
+        for e in rd.flatten() {
+            if !live.contains(e.file_name().to_string_lossy().as_ref()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+
+    /// Writes a container's configuration (what the library enforces) and creates its state
+    /// directory; returns the host paths of both.
+    pub fn prepare(&self, container_id: &str, limits: &ShareLimits) -> std::io::Result<(PathBuf, PathBuf)> {
+        let dir = self.container_dir(container_id);
+        let state = dir.join("state");
+        std::fs::create_dir_all(&state)?;
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            // Every process of the container, whatever its user, shares the accounting.
+            std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o1777))?;
+        }
+        let config = dir.join("config");
+        let tmp = dir.join("config.tmp");
+        std::fs::write(
+            &tmp,
+            format!(
+                "# written by tessera-nri-plugin for this container\nuuid={}\nmemory_limit_mib={}\ncore_limit={}\nstate_dir={HOOK_STATE_IN_CONTAINER}\n",
+                limits.uuid, limits.memory_mib, limits.core_limit
+            ),
+        )?;
+        std::fs::rename(&tmp, &config)?;
+        Ok((config, state))
+    }
+}
+
+/// What a share container is held to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareLimits {
+    /// The card.
+    pub uuid: String,
+    /// Compute ceiling in percent (the share, or `tessera.io/core-limit` above it).
+    pub core_limit: u32,
+    /// Memory, MiB.
+    pub memory_mib: u64,
+}
+
 /// Where a card's daemon is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -280,7 +415,9 @@ mod tests {
     #[test]
     fn modes_and_requirements() {
         assert_eq!("mps".parse::<ShareEnforcement>(), Ok(ShareEnforcement::Mps));
-        assert!("hook".parse::<ShareEnforcement>().unwrap_err().contains("\"hook\""));
+        assert_eq!("hook".parse::<ShareEnforcement>(), Ok(ShareEnforcement::Hook));
+        assert!("lax".parse::<ShareEnforcement>().unwrap_err().contains("\"lax\""));
+        assert!(ShareEnforcement::Hook.enforces() && !ShareEnforcement::None.enforces());
         let any: EnforcementRequirement = "required".parse().unwrap();
         assert!(any.check(ShareEnforcement::Mps).is_ok());
         assert_eq!(

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
-use crate::enforcement::ShareEnforcement;
+use crate::enforcement::{ShareEnforcement, ShareLimits};
 use crate::handoff::{AllocatedDevice, Allocation, HandoffError, SigningKeys};
 use crate::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, CDI_KIND};
 
@@ -41,6 +41,8 @@ pub struct Grant {
     /// For a container with a share: what holds it to its limits (`None` on nodes that run
     /// shares unenforced).
     pub enforced_by: Option<ShareEnforcement>,
+    /// For a container with a share: its limits.
+    pub share: Option<ShareLimits>,
 }
 
 /// Why a container that asked for Tessera resources must not be created.
@@ -158,7 +160,20 @@ pub fn decide(
                     grant
                         .env
                         .insert("TESSERA_GPU_MEMORY_LIMIT_MIB".into(), memory_mib.to_string());
+                    grant.share = Some(ShareLimits {
+                        uuid: uuid.clone(),
+                        core_limit: limit,
+                        memory_mib: *memory_mib,
+                    });
                     match ctx.enforcement {
+                        ShareEnforcement::Hook => {
+                            (ctx.share_ready)(uuid).map_err(|reason| InjectionError::Unenforceable {
+                                container: container.into(),
+                                uuid: uuid.clone(),
+                                reason,
+                            })?;
+                            grant.enforced_by = Some(ShareEnforcement::Hook);
+                        }
                         ShareEnforcement::Mps => {
                             (ctx.share_ready)(uuid).map_err(|reason| InjectionError::Unenforceable {
                                 container: container.into(),

@@ -46,7 +46,8 @@ struct ManifestArgs {
     /// Host directory of the NVIDIA driver files (default: each node detects it).
     #[arg(long)]
     driver_root: Option<String>,
-    /// How GPU nodes hold shares to their limits: `mps` (adds the MPS supervisor) or `none`.
+    /// How GPU nodes hold shares to their limits: `mps` (adds the MPS supervisor), `hook`
+    /// (Tessera's CUDA hook preloaded into share containers) or `none`.
     #[arg(long, default_value = "mps")]
     share_enforcement: tessera_core::enforcement::ShareEnforcement,
     /// Print only the KubeSchedulerConfiguration.

@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
-use tessera_core::enforcement::{DEFAULT_MPS_ROOT, ShareEnforcement};
+use tessera_core::enforcement::{DEFAULT_HOOK_ROOT, DEFAULT_MPS_ROOT, ShareEnforcement};
 use tessera_core::names::{RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, RESOURCE_MIG_PREFIX};
 
 /// What the rendering depends on.
@@ -485,7 +485,13 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
             value: Some(DEFAULT_MPS_ROOT.into()),
             ..Default::default()
         },
+        EnvVar {
+            name: "TESSERA_HOOK_ROOT".into(),
+            value: Some(DEFAULT_HOOK_ROOT.into()),
+            ..Default::default()
+        },
     ];
+    let hook_mode = opts.share_enforcement == ShareEnforcement::Hook;
     // NVML, /dev and the kubelet's device-plugin directory need root on the host.
     let privileged = SecurityContext {
         privileged: Some(true),
@@ -541,11 +547,19 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                             "cdi-generator",
                             "tessera-cdi-generator",
                             [vec!["run".into(), "--cdi-dir=/var/run/cdi".into()], node_args.clone()].concat(),
-                            vec![
-                                mount("cdi", "/var/run/cdi", false),
-                                mount("dev", "/dev", false),
-                                host_root_mount.clone(),
-                            ],
+                            [
+                                vec![
+                                    mount("cdi", "/var/run/cdi", false),
+                                    mount("dev", "/dev", false),
+                                    host_root_mount.clone(),
+                                ],
+                                // Hook mode: installs the CUDA hook on the host.
+                                hook_mode
+                                    .then(|| mount("hook", DEFAULT_HOOK_ROOT, false))
+                                    .into_iter()
+                                    .collect(),
+                            ]
+                            .concat(),
                         ),
                         container(
                             "device-plugin",
@@ -573,6 +587,8 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                                 mount("handoff-keys", "/etc/tessera/keys", true),
                                 // Each card's MPS daemon state, read before a share is admitted.
                                 mount("mps", DEFAULT_MPS_ROOT, true),
+                                // Hook mode: each share container's limits are written here.
+                                mount("hook", DEFAULT_HOOK_ROOT, !hook_mode),
                                 // For `tessera-nri-plugin check`: runtime configs, driver, /dev.
                                 host_root_mount.clone(),
                                 mount("dev", "/dev", true),
@@ -609,6 +625,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                         host_path("dev", "/dev", "Directory"),
                         host_path("host-root", "/", "Directory"),
                         host_path("mps", DEFAULT_MPS_ROOT, "DirectoryOrCreate"),
+                        host_path("hook", DEFAULT_HOOK_ROOT, "DirectoryOrCreate"),
                         keys_volume(),
                     ]),
                     ..Default::default()

@@ -16,6 +16,25 @@ fn kv(key: &str, value: &str) -> api::KeyValue {
     k
 }
 
+/// A bind mount of a host path (read-only, or read-write).
+pub fn bind(host: &std::path::Path, container: &str, read_only: bool) -> api::Mount {
+    let mut m = api::Mount::new();
+    m.destination = container.into();
+    m.source = host.display().to_string();
+    m.type_ = "bind".into();
+    m.options = [
+        if read_only { "ro" } else { "rw" },
+        "nosuid",
+        "nodev",
+        "rbind",
+        "rprivate",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    m
+}
+
 /// The adjustment for a granted container.
 pub fn grant(grant: &Grant, edits: &Edits) -> api::ContainerAdjustment {
     let mut adj = api::ContainerAdjustment::new();

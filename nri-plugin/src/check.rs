@@ -5,7 +5,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use tessera_core::enforcement::{MpsLayout, ShareEnforcement};
+use tessera_core::enforcement::{HookLayout, MpsLayout, ShareEnforcement};
 use tessera_core::handoff::SigningKeys;
 use tessera_core::names::CDI_KIND;
 
@@ -67,6 +67,8 @@ pub struct CheckOptions {
     pub enforcement: ShareEnforcement,
     /// Where the MPS daemons keep their state.
     pub mps: MpsLayout,
+    /// Where the CUDA hook is installed.
+    pub hook: HookLayout,
 }
 
 fn finding(level: Level, what: &'static str, detail: impl Into<String>) -> Finding {
@@ -98,6 +100,14 @@ fn check_enforcement(opts: &CheckOptions) -> Finding {
             what,
             "share enforcement none: shares run unenforced (their compute and memory limits are labels)",
         ),
+        ShareEnforcement::Hook => match opts.hook.ready() {
+            Ok(()) => finding(
+                Level::Ok,
+                what,
+                format!("hook: the CUDA hook is installed at {}", opts.hook.library().display()),
+            ),
+            Err(e) => finding(Level::Fail, what, format!("hook: {e}; shares are refused until it is")),
+        },
         ShareEnforcement::Mps => {
             let cards = share_cards(&opts.cdi_dirs);
             if cards.is_empty() {

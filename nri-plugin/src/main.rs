@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tessera_core::enforcement::{DEFAULT_MPS_ROOT, MpsLayout, ShareEnforcement};
+use tessera_core::enforcement::{DEFAULT_HOOK_ROOT, DEFAULT_MPS_ROOT, HookLayout, MpsLayout, ShareEnforcement};
 use tessera_core::handoff::SigningKeys;
 use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
 use tessera_nri_plugin::session::{self, Identity};
@@ -43,6 +43,9 @@ struct RunArgs {
     /// Where the MPS supervisor keeps each card's daemon directories and state.
     #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT)]
     mps_root: PathBuf,
+    /// Where the CUDA hook is installed and each hook-mode container's limits are written.
+    #[arg(long, env = "TESSERA_HOOK_ROOT", default_value = DEFAULT_HOOK_ROOT)]
+    hook_root: PathBuf,
 }
 
 #[derive(Parser, Clone)]
@@ -77,6 +80,9 @@ struct CheckArgs {
     /// Where the MPS supervisor keeps each card's daemon state.
     #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT)]
     mps_root: PathBuf,
+    /// Where the CUDA hook is installed (hook mode).
+    #[arg(long, env = "TESSERA_HOOK_ROOT", default_value = DEFAULT_HOOK_ROOT)]
+    hook_root: PathBuf,
 }
 
 #[derive(Subcommand, Clone)]
@@ -101,6 +107,7 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
         dev_root: args.dev_root,
         enforcement: args.share_enforcement,
         mps: MpsLayout::new(args.mps_root),
+        hook: HookLayout::new(args.hook_root),
     });
     for f in &findings {
         println!("{f}");
@@ -133,6 +140,7 @@ fn plugin(args: &RunArgs) -> anyhow::Result<Arc<TesseraPlugin>> {
             cdi_dirs: args.cdi_dirs.clone(),
             enforcement: args.share_enforcement,
             mps: MpsLayout::new(&args.mps_root),
+            hook: HookLayout::new(&args.hook_root),
         })
         .reloading_keys_from(args.keys_dir.clone()),
     ))

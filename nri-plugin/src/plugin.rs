@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use tessera_core::enforcement::{MpsLayout, ShareEnforcement};
+use tessera_core::enforcement::{
+    HOOK_CONFIG_IN_CONTAINER, HOOK_STATE_IN_CONTAINER, HookLayout, MpsLayout, ShareEnforcement,
+};
 use tessera_core::handoff::{HandoffError, SigningKeys};
 use tessera_core::injection::{self, ANNOTATION_INJECTED, Injection, NodeContext};
 use tessera_proto::nri::api;
@@ -48,6 +50,8 @@ pub struct PluginConfig {
     pub enforcement: ShareEnforcement,
     /// Where the MPS daemons keep their state (with [`ShareEnforcement::Mps`]).
     pub mps: MpsLayout,
+    /// Where the CUDA hook and each container's limits live (with [`ShareEnforcement::Hook`]).
+    pub hook: HookLayout,
 }
 
 /// The plugin's state, shared by all sessions (it survives reconnects).
@@ -105,7 +109,11 @@ impl TesseraPlugin {
         container: &str,
         ctr_annotations: &BTreeMap<String, String>,
     ) -> Result<Injection, injection::InjectionError> {
-        let ready = |uuid: &str| self.config.mps.ready(uuid, std::time::SystemTime::now());
+        let ready = |uuid: &str| match self.config.enforcement {
+            ShareEnforcement::Mps => self.config.mps.ready(uuid, std::time::SystemTime::now()),
+            ShareEnforcement::Hook => self.config.hook.ready(),
+            ShareEnforcement::None | ShareEnforcement::Unknown => Ok(()),
+        };
         let attempt = || {
             let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
             let ctx = NodeContext {
@@ -186,7 +194,22 @@ impl TesseraPlugin {
                     .lock()
                     .expect("not poisoned")
                     .insert(container.id.clone(), grant.uuids.join(","));
-                Ok(adjust::grant(&grant, &edits))
+                let mut adj = adjust::grant(&grant, &edits);
+                if grant.enforced_by == Some(ShareEnforcement::Hook)
+                    && let Some(limits) = &grant.share
+                {
+                    // The container's limits, read-only, and the accounting its processes share.
+                    let (config, state) = self.config.hook.prepare(&container.id, limits).map_err(|e| {
+                        format!(
+                            "container {:?}: cannot write its CUDA hook configuration under {}: {e}",
+                            container.name,
+                            self.config.hook.root.display()
+                        )
+                    })?;
+                    adj.mounts.push(adjust::bind(&config, HOOK_CONFIG_IN_CONTAINER, true));
+                    adj.mounts.push(adjust::bind(&state, HOOK_STATE_IN_CONTAINER, false));
+                }
+                Ok(adj)
             }
         }
     }
@@ -194,6 +217,9 @@ impl TesseraPlugin {
     fn forget(&self, container: Option<&api::Container>) {
         if let Some(c) = container {
             self.injected.lock().expect("not poisoned").remove(&c.id);
+            if self.config.enforcement == ShareEnforcement::Hook {
+                let _ = std::fs::remove_dir_all(self.config.hook.container_dir(&c.id));
+            }
         }
     }
 }
@@ -246,6 +272,11 @@ impl Plugin for TesseraPlugin {
             .filter_map(|c| injected_of(c).map(|v| (c.id.clone(), v)))
             .collect();
         info!(containers = containers.len(), with_gpus = rebuilt.len(), "synchronized");
+        if self.config.enforcement == ShareEnforcement::Hook {
+            // Removals missed while disconnected: drop the hook files of containers gone.
+            let live: std::collections::HashSet<String> = containers.iter().map(|c| c.id.clone()).collect();
+            self.config.hook.forget_except(&live);
+        }
         *self.injected.lock().expect("not poisoned") = rebuilt;
         self.syncs.send_modify(|n| *n += 1);
         Ok(resp)
@@ -381,6 +412,7 @@ mod tests {
             cdi_dirs: vec![cdi_dir],
             enforcement: ShareEnforcement::None,
             mps: MpsLayout::default(),
+            hook: HookLayout::default(),
         })
         .reloading_keys_from(keys_dir.clone());
 

@@ -109,6 +109,7 @@ async fn bench(version: Version) -> anyhow::Result<()> {
             cdi_dirs: vec![c.cdi_dir()],
             enforcement: tessera_core::enforcement::ShareEnforcement::None,
             mps: Default::default(),
+            hook: Default::default(),
         }));
         let mut synced = plugin.synchronized();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -140,6 +141,7 @@ async fn bench(version: Version) -> anyhow::Result<()> {
         cdi_dirs: vec![c.cdi_dir()],
         enforcement: tessera_core::enforcement::ShareEnforcement::None,
         mps: Default::default(),
+        hook: Default::default(),
     });
     let mut a = Allocation::new("node-a", "uid-inproc");
     a.containers.push(ContainerAllocation {

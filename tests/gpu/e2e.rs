@@ -112,6 +112,7 @@ fn summary(kv: &BTreeMap<String, String>) -> String {
         "kernels_per_s",
         "mps_threads",
         "mps_shm",
+        "hook_memory",
         "error",
     ] {
         if let Some(v) = kv.get(k) {
@@ -259,11 +260,19 @@ fn spawn_logged(cmd: &mut Command, log: &Path) -> anyhow::Result<Child> {
     Ok(cmd.stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f).spawn()?)
 }
 
-/// Starts the release NRI plugin against `c` and waits for it to synchronise.
-fn start_plugin(a: &Args, c: &Containerd, keys: &Path, mps: &MpsLayout, log: &Path) -> anyhow::Result<Child> {
+/// Starts the release NRI plugin against `c` (in `mode`) and waits for it to synchronise.
+fn start_plugin(
+    a: &Args,
+    c: &Containerd,
+    keys: &Path,
+    (mode, mps, hook): (&str, &MpsLayout, &Path),
+    log: &Path,
+) -> anyhow::Result<Child> {
     let child = spawn_logged(
         Command::new(a.bin_dir.join("tessera-nri-plugin"))
             .arg("run")
+            .args(["--share-enforcement", mode, "--hook-root"])
+            .arg(hook)
             .arg("--socket")
             .arg(c.nri_socket())
             .arg("--keys-dir")
@@ -435,7 +444,8 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
     let keys_dir = work.path().join("keys");
     let keys = write_keys(&keys_dir)?;
     let plugin_log = work.path().join("plugin.log");
-    let plugin = start_plugin(a, &c, &keys_dir, &mps, &plugin_log)?;
+    let hook_root = work.path().join("hook");
+    let plugin = start_plugin(a, &c, &keys_dir, ("mps", &mps, &hook_root), &plugin_log)?;
     let mut s = Stack {
         c,
         keys,
@@ -663,6 +673,58 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
     ));
 
     stop(s.plugin);
+
+    // Hook mode on the same node: the spec's shares preload Tessera's CUDA hook instead.
+    let mut cmd = Command::new(a.bin_dir.join("tessera-cdi-generator"));
+    cmd.arg("generate")
+        .args(["--share-enforcement", "hook", "--hook-root"])
+        .arg(&hook_root);
+    cmd.arg("--hook-library").arg(a.bin_dir.join("libtessera-cuda-hook.so"));
+    if dry {
+        let paths = FakeNodePaths::under(work.path());
+        cmd.args(["--fixture", "h100x8", "--driver-root"])
+            .arg(&paths.driver_root)
+            .arg("--dev-root")
+            .arg(&paths.dev_root);
+    }
+    let out = cmd.arg("--output").arg(s.c.cdi_dir()).output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "hook-mode spec: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    s.plugin = start_plugin(a, &s.c, &keys_dir, ("hook", &mps, &hook_root), &s.plugin_log)?;
+    let pod = s.pod("hook-share", vec![share.clone()], false).await?;
+    let spec = s.spec(&["/probe", "--alloc-gib", "20", "--bench-ms", "5000"], &SHARE);
+    let (verdict, observed) = match s.run(&pod, spec).await {
+        Ok((_, out)) => {
+            let kv = parse(&out);
+            let mut o = summary(&kv);
+            let ratio = num(&kv, "kernels_per_s").zip(base.rate).map(|(r, w)| r / w);
+            if let Some(r) = ratio {
+                let _ = write!(o, " throughput {r:.2}x whole");
+            }
+            let ok = if dry {
+                kv.get("hook_preload")
+                    .is_some_and(|p| p.ends_with("libtessera-cuda-hook.so"))
+                    && kv.get("hook_memory").map(String::as_str) == Some("8192")
+            } else {
+                num(&kv, "mem_total_mib") == Some(8192.0)
+                    && kv.get("alloc").is_some_and(|a| a != "ok")
+                    && ratio.is_some_and(|r| r > 0.15 && r < 0.45)
+            };
+            (pass(ok), o)
+        }
+        Err(e) => (Verdict::Fail, e),
+    };
+    rows.push(row(
+        "hook mode: 30% + 8 GiB share",
+        "sees 8 GiB, 20 GiB cudaMalloc fails, ~0.3x whole-card throughput".into(),
+        observed,
+        verdict,
+    ));
+    stop(s.plugin);
+
     if rows.iter().any(|r| r.verdict == Verdict::Fail) {
         eprintln!(
             "plugin log:\n{}",

@@ -8,6 +8,7 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
 cache="$repo/.cache/runtimes"
 bash tests/runtimes/fetch.sh "$cache" >/dev/null
+cargo build --release --locked -p tessera-cuda-hook
 cargo build --release --locked -p tessera-cdi-generator -p tessera-nri-plugin -p tessera-mps -p tessera-tests \
   --bin tessera-cdi-generator --bin tessera-nri-plugin --bin tessera-mps-supervisor --bin tessera-gpu-e2e
 stage="$(mktemp -d)"
@@ -16,6 +17,7 @@ mkdir -p "$stage/bin" "$stage/runtimes"
 for b in tessera-cdi-generator tessera-nri-plugin tessera-mps-supervisor tessera-gpu-e2e; do
   strip -o "$stage/bin/$b" "target/release/$b"
 done
+strip -o "$stage/bin/libtessera-cuda-hook.so" target/release/libtessera_cuda_hook.so
 # Only the runtime binaries the harness runs, in the cache's own layout (ready-v3 is relative).
 # One ctr serves both (the harness only imports images; 1.7's ctr uses the content API 2.x
 # still serves), which keeps the bundle under the device tool's 64 MiB.

@@ -50,6 +50,8 @@ echo "devices=$n"
 [ -f /usr/local/nvidia/lib64/libcuda.so.1 ] && echo "name=libcuda.so.1 mounted"
 [ -n "$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" ] && echo "mps_threads=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 [ -f /dev/shm/tessera-fake-mps ] && echo "mps_shm=$(cat /dev/shm/tessera-fake-mps)"
+[ -f /etc/ld.so.preload ] && echo "hook_preload=$(cat /etc/ld.so.preload)"
+[ -f /run/tessera/hook/config ] && echo "hook_memory=$(grep memory_limit_mib /run/tessera/hook/config | cut -d= -f2)"
 exit 0
 PROBE
   chmod +x "$root/probe"

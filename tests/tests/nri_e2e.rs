@@ -62,6 +62,7 @@ impl Env {
             cdi_dirs: vec![self.c.cdi_dir()],
             enforcement: tessera_core::enforcement::ShareEnforcement::None,
             mps: Default::default(),
+            hook: Default::default(),
         }))
     }
 

@@ -1,4 +1,5 @@
 use super::*;
+use tessera_core::enforcement::HookLayout;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -77,6 +78,7 @@ fn a_bare_node_fails_every_node_check_with_a_reason() {
         dev_root: dir.path().to_path_buf(),
         enforcement: ShareEnforcement::None,
         mps: MpsLayout::new(dir.path().join("mps")),
+        hook: HookLayout::default(),
     });
     assert_eq!(
         levels(&f),
@@ -125,6 +127,7 @@ fn a_node_without_libcuda_is_not_ready() {
         dev_root: host.to_path_buf(),
         enforcement: ShareEnforcement::None,
         mps: MpsLayout::new(host.join("mps")),
+        hook: HookLayout::default(),
     };
     let f = run(&opts);
     let get = |f: &[Finding], what: &str| f.iter().find(|x| x.what == what).cloned().unwrap();
@@ -154,6 +157,7 @@ fn mps_nodes_need_a_ready_daemon_per_shared_card() {
     let opts = tessera_cdi_generator::spec::SpecOptions {
         enforcement: ShareEnforcement::Mps,
         mps: layout.clone(),
+        hook: HookLayout::default(),
         ..Default::default()
     };
     let (_, text) = tessera_cdi_generator::spec::render(&inv, &opts).unwrap();
@@ -170,6 +174,7 @@ fn mps_nodes_need_a_ready_daemon_per_shared_card() {
             dev_root: dir.path().to_path_buf(),
             enforcement: ShareEnforcement::Mps,
             mps: layout.clone(),
+            hook: HookLayout::default(),
         })
     };
     let f = check();
