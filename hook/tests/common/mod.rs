@@ -82,10 +82,15 @@ pub fn built() -> &'static Built {
     })
 }
 
-/// The hook library cargo built beside this test.
+/// The hook library cargo built beside this test: `cargo test` leaves it in `deps/` next to
+/// the test binary, `cargo build` one directory up.
 pub fn hook_lib() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let p = exe.parent().unwrap().parent().unwrap().join("libtessera_cuda_hook.so");
-    assert!(p.exists(), "{} not built", p.display());
-    p
+    let deps = exe.parent().unwrap();
+    let candidates = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()];
+    candidates
+        .iter()
+        .map(|d| d.join("libtessera_cuda_hook.so"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("libtessera_cuda_hook.so not built in {candidates:?}"))
 }
