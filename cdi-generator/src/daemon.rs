@@ -22,6 +22,17 @@ pub struct DaemonConfig {
     pub interval: Duration,
     /// Node name to publish the inventory on (`None`: do not publish).
     pub node_name: Option<String>,
+    /// Mount the driver as one bundle (see [`crate::bundle`]).
+    pub bundle: Option<BundleConfig>,
+}
+
+/// Where driver bundles are made.
+#[derive(Debug, Clone)]
+pub struct BundleConfig {
+    /// The bundles' directory (a host path, writable here at the same path).
+    pub root: PathBuf,
+    /// Where this process sees the host's `/` (to read the driver files).
+    pub host_root: PathBuf,
 }
 
 /// One regeneration step's result.
@@ -69,7 +80,13 @@ impl Generator {
     }
 
     fn write(&mut self, inventory: &NodeInventory, config: &DaemonConfig) -> anyhow::Result<Generation> {
-        let (spec, text) = spec::render(inventory, &config.spec)?;
+        let mut opts = config.spec.clone();
+        if let Some(b) = &config.bundle
+            && inventory.driver_check().is_ok()
+        {
+            opts.driver_bundle = Some(crate::bundle::prepare(inventory, &b.host_root, &b.root)?);
+        }
+        let (spec, text) = spec::render(inventory, &opts)?;
         let outcome = writer::write_spec(&config.cdi_dir, writer::SPEC_FILE, &text)?;
         let names = |s: &CdiSpec| s.devices.iter().map(|d| d.name.clone()).collect::<BTreeSet<_>>();
         let before = self.last.as_ref().map(names).unwrap_or_default();

@@ -1,6 +1,7 @@
 //! The cdi-generator: turns a node's GPU inventory (NVML or a fixture) into the CDI spec
 //! `tessera.io-gpu.json`, keeps it current, and publishes the inventory on the Node object.
 
+pub mod bundle;
 pub mod daemon;
 pub mod driver_report;
 pub mod publish;

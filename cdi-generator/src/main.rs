@@ -3,7 +3,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use tessera_cdi_generator::daemon::{self, DaemonConfig};
+use tessera_cdi_generator::bundle::{self, DEFAULT_BUNDLE_ROOT};
+use tessera_cdi_generator::daemon::{self, BundleConfig, DaemonConfig};
 use tessera_cdi_generator::driver_report;
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{self, DEFAULT_CDI_DIR};
@@ -52,6 +53,13 @@ struct EnforcementArgs {
     /// Where hook mode's files are (a host path; the library is installed under it).
     #[arg(long, env = "TESSERA_HOOK_ROOT", default_value = DEFAULT_HOOK_ROOT)]
     hook_root: PathBuf,
+    /// Where driver bundles are made (a host path, writable here at the same path): the spec
+    /// mounts the driver once from there.
+    #[arg(long, default_value = DEFAULT_BUNDLE_ROOT)]
+    driver_bundle_dir: PathBuf,
+    /// Mount each driver file on its own instead of one bundle.
+    #[arg(long)]
+    no_driver_bundle: bool,
     /// The CUDA hook library to install on the host in hook mode (the image's copy).
     #[arg(long, default_value = "/usr/local/lib/tessera/libtessera-cuda-hook.so")]
     hook_library: PathBuf,
@@ -64,7 +72,16 @@ impl EnforcementArgs {
             enforcement: self.share_enforcement,
             mps: MpsLayout::new(&self.mps_root),
             hook: HookLayout::new(&self.hook_root),
+            driver_bundle: None,
         }
+    }
+
+    /// Where to make the driver bundle, unless mounting file by file.
+    fn bundle(&self, source: &SourceArgs) -> Option<BundleConfig> {
+        (!self.no_driver_bundle).then(|| BundleConfig {
+            root: self.driver_bundle_dir.clone(),
+            host_root: source.host_root.clone(),
+        })
     }
 
     /// In hook mode, installs the library on the host before any spec names it.
@@ -162,7 +179,12 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let inventory = source.source().discover().context("reading the GPU inventory")?;
             enforcement.install_hook()?;
-            let (_, text) = spec::render(&inventory, &enforcement.spec(&source.dev_root))?;
+            let mut opts = enforcement.spec(&source.dev_root);
+            if let Some(b) = enforcement.bundle(&source) {
+                inventory.driver_check().map_err(anyhow::Error::msg)?;
+                opts.driver_bundle = Some(bundle::prepare(&inventory, &b.host_root, &b.root)?);
+            }
+            let (_, text) = spec::render(&inventory, &opts)?;
             if output == "-" {
                 print!("{text}");
             } else {
@@ -196,6 +218,7 @@ async fn main() -> anyhow::Result<()> {
                 spec: enforcement.spec(&source.dev_root),
                 interval: Duration::from_secs(interval_secs.max(1)),
                 node_name,
+                bundle: enforcement.bundle(&source),
             };
             daemon::run(source.source(), source.fixture.clone(), config).await
         }

@@ -1,92 +1,17 @@
-//! The CDI spec Tessera writes: typed, built from the inventory, validated with the
-//! `container-device-interface` crate before anything is written.
+//! The CDI spec Tessera writes: typed ([`tessera_core::cdi`]), built from the inventory,
+//! checked against CDI's rules before anything is written.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+pub use tessera_core::cdi::{CdiDevice, CdiDeviceNode, CdiEdits, CdiMount, CdiSpec};
 use tessera_core::enforcement::{HOOK_LIBRARY_IN_CONTAINER, HookLayout, MpsLayout, ShareEnforcement};
 use tessera_core::inventory::{DeviceNode, DriverFileKind, Gpu, NodeInventory};
 use tessera_core::names::CDI_KIND;
 
-/// Where driver libraries appear in containers; CUDA base images already search it.
-pub const LIBRARY_DIR: &str = "/usr/local/nvidia/lib64";
+pub use tessera_core::cdi::{DRIVER_DIR, LIBRARY_DIR};
 /// Annotation on share devices.
 pub const SHARE_ANNOTATION: &str = "tessera.io/share";
-
-/// A CDI device node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CdiDeviceNode {
-    /// Path in the container.
-    pub path: String,
-    /// Path on the host, when it differs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_path: Option<String>,
-    /// `c` for character devices.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// Major number.
-    pub major: i64,
-    /// Minor number.
-    pub minor: i64,
-    /// Cgroup access (`rw`, `rwm`).
-    pub permissions: String,
-}
-
-/// A CDI mount.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CdiMount {
-    /// Host path.
-    pub host_path: String,
-    /// Container path.
-    pub container_path: String,
-    /// Mount options.
-    pub options: Vec<String>,
-}
-
-/// CDI container edits.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CdiEdits {
-    /// `KEY=value` pairs.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<String>,
-    /// Device nodes.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub device_nodes: Vec<CdiDeviceNode>,
-    /// Mounts.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mounts: Vec<CdiMount>,
-}
-
-/// A CDI device.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CdiDevice {
-    /// Name within the kind (`0`, `GPU-...`, `0:1`, `share-0`, `all`).
-    pub name: String,
-    /// Annotations.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
-    /// Edits.
-    pub container_edits: CdiEdits,
-}
-
-/// A whole CDI spec file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CdiSpec {
-    /// The lowest version the content needs.
-    pub cdi_version: String,
-    /// `tessera.io/gpu`.
-    pub kind: String,
-    /// Devices.
-    pub devices: Vec<CdiDevice>,
-    /// Edits for every device of the spec.
-    pub container_edits: CdiEdits,
-}
 
 /// Why a spec could not be produced.
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +41,9 @@ pub struct SpecOptions {
     pub mps: MpsLayout,
     /// Where hook mode's library is installed.
     pub hook: HookLayout,
+    /// The driver bundle to mount once at `/usr/local/nvidia` (see [`crate::bundle`]); `None`:
+    /// each driver file is mounted on its own.
+    pub driver_bundle: Option<PathBuf>,
 }
 
 impl Default for SpecOptions {
@@ -125,6 +53,7 @@ impl Default for SpecOptions {
             enforcement: ShareEnforcement::None,
             mps: MpsLayout::default(),
             hook: HookLayout::default(),
+            driver_bundle: None,
         }
     }
 }
@@ -165,9 +94,18 @@ fn common_edits(inv: &NodeInventory, opts: &SpecOptions) -> CdiEdits {
         device_nodes: inv.control_devices.iter().map(|d| node(d, opts)).collect(),
         mounts: Vec::new(),
     };
+    if let Some(bundle) = &opts.driver_bundle {
+        // One mount for every library and program; firmware keeps its path.
+        edits
+            .mounts
+            .push(ro_bind(bundle.display().to_string(), DRIVER_DIR.into()));
+    }
     for f in &inv.driver_files {
         let host = inv.host_path(f).display().to_string();
         let name = f.name();
+        if opts.driver_bundle.is_some() && matches!(f.kind, DriverFileKind::Library | DriverFileKind::Binary) {
+            continue;
+        }
         match f.kind {
             DriverFileKind::Library => {
                 // Libraries go to one directory, under their file name and their soname, so
@@ -309,25 +247,13 @@ pub fn build(inv: &NodeInventory, opts: &SpecOptions) -> CdiSpec {
 
 /// Builds, versions and validates the spec; returns it and its JSON text.
 pub fn render(inv: &NodeInventory, opts: &SpecOptions) -> Result<(CdiSpec, String), SpecError> {
-    use container_device_interface::specs::config::Spec as RawSpec;
     inv.driver_check().map_err(SpecError::Driver)?;
     let mut spec = build(inv, opts);
     if spec.devices.is_empty() {
         return Err(SpecError::Empty);
     }
-    let invalid = |e: &dyn std::fmt::Display| SpecError::Invalid(e.to_string());
-    // The lowest cdiVersion the content needs, as the CDI library computes it.
-    spec.cdi_version = "1.1.0".into();
-    let raw: RawSpec =
-        serde_json::from_value(serde_json::to_value(&spec).map_err(|e| invalid(&e))?).map_err(|e| invalid(&e))?;
-    spec.cdi_version = container_device_interface::version::minimum_required_version(&raw)
-        .map_err(|e| invalid(&e))?
-        .to_string();
-    let text = serde_json::to_string_pretty(&spec).map_err(|e| invalid(&e))? + "\n";
-    let raw: RawSpec = serde_json::from_str(&text).map_err(|e| invalid(&e))?;
-    let mut checked =
-        container_device_interface::spec::new_spec(&raw, &PathBuf::from("/var/run/cdi/tessera.io-gpu.json"), 0)
-            .map_err(|e| SpecError::Invalid(format!("{e:#}")))?;
-    checked.validate().map_err(|e| SpecError::Invalid(format!("{e:#}")))?;
+    spec.cdi_version = spec.minimum_version().into();
+    spec.validate().map_err(|e| SpecError::Invalid(e.to_string()))?;
+    let text = serde_json::to_string_pretty(&spec).map_err(|e| SpecError::Invalid(e.to_string()))? + "\n";
     Ok((spec, text))
 }

@@ -119,6 +119,7 @@ fn mig_reconfiguration_replaces_the_mig_devices() {
         spec: SpecOptions::default(),
         interval: std::time::Duration::from_secs(1),
         node_name: None,
+        bundle: None,
     };
     let source = FixtureSource::new(&fixture);
     let mut g = Generator::default();
@@ -167,4 +168,42 @@ fn mig_reconfiguration_replaces_the_mig_devices() {
     let err = g.step(&source, &config).unwrap_err();
     assert!(format!("{err:#}").contains("node.yaml"), "{err:#}");
     assert_eq!(std::fs::read_to_string(config.cdi_dir.join(SPEC_FILE)).unwrap(), text);
+}
+
+/// What Tessera writes, checked by the `container-device-interface` crate (the CDI reference
+/// rules in Rust): it parses, validates, and needs exactly the cdiVersion Tessera declares. For
+/// every fixture, every enforcement mode, with and without a device root.
+#[test]
+fn every_spec_passes_the_cdi_crate() {
+    use container_device_interface::specs::config::Spec as RawSpec;
+    use tessera_core::enforcement::ShareEnforcement;
+    for fixture in ["h100x8", "a100-mig", "t4x2"] {
+        let inv = FixtureSource::new(fixture).discover().unwrap();
+        for enforcement in [ShareEnforcement::None, ShareEnforcement::Mps, ShareEnforcement::Hook] {
+            for dev_root in ["/", "/host"] {
+                let opts = SpecOptions {
+                    dev_root: dev_root.into(),
+                    enforcement,
+                    ..Default::default()
+                };
+                let (spec, text) = spec::render(&inv, &opts).unwrap();
+                let raw: RawSpec = serde_json::from_str(&text).unwrap();
+                let needed = container_device_interface::version::minimum_required_version(&raw).unwrap();
+                assert_eq!(
+                    needed.to_string(),
+                    spec.cdi_version,
+                    "{fixture} {enforcement} {dev_root}"
+                );
+                let mut checked = container_device_interface::spec::new_spec(
+                    &raw,
+                    &std::path::PathBuf::from("/var/run/cdi/tessera.io-gpu.json"),
+                    0,
+                )
+                .unwrap_or_else(|e| panic!("{fixture} {enforcement}: {e:#}"));
+                checked
+                    .validate()
+                    .unwrap_or_else(|e| panic!("{fixture} {enforcement}: {e:#}"));
+            }
+        }
+    }
 }

@@ -210,6 +210,52 @@ pub fn decide(
     Ok(Injection::Grant(grant))
 }
 
+/// The `PATH` a container has when its image sets none (runc's and containerd's default).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The environment a granted container ends with, from what its image and pod set
+/// (`container_env`), the CDI edits' env and the grant's. The grant's wins over CDI's; the
+/// driver's library directory is put before the image's own `LD_LIBRARY_PATH` (not in its
+/// place); when the driver's programs are mounted at `driver_bin`, that directory is added to
+/// the end of the image's `PATH`. Only the variables to set are returned.
+pub fn final_env(
+    container_env: &[String],
+    cdi_env: &[String],
+    grant_env: &BTreeMap<String, String>,
+    driver_bin: Option<&str>,
+) -> BTreeMap<String, String> {
+    let own = |key: &str| {
+        container_env
+            .iter()
+            .filter_map(|e| e.split_once('='))
+            .filter(|(k, _)| *k == key)
+            .map(|(_, v)| v)
+            .next_back()
+    };
+    let mut env: BTreeMap<String, String> = cdi_env
+        .iter()
+        .filter_map(|e| e.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.extend(grant_env.clone());
+    let join = |first: &str, then: &str| {
+        let mut parts: Vec<&str> = first.split(':').filter(|p| !p.is_empty()).collect();
+        for p in then.split(':').filter(|p| !p.is_empty()) {
+            if !parts.contains(&p) {
+                parts.push(p);
+            }
+        }
+        parts.join(":")
+    };
+    if let (Some(ours), Some(theirs)) = (env.get("LD_LIBRARY_PATH").cloned(), own("LD_LIBRARY_PATH")) {
+        env.insert("LD_LIBRARY_PATH".into(), join(&ours, theirs));
+    }
+    if let Some(bin) = driver_bin {
+        env.insert("PATH".into(), join(own("PATH").unwrap_or(DEFAULT_PATH), bin));
+    }
+    env
+}
+
 /// The kubelet's amounts (from the device plugin's Allocate annotations) must match the
 /// hand-off's: compute in percent, memory in MiB when memory was asked for, MIG counts per
 /// profile (the kubelet's MIG IDs are accounting only; the extender picks the devices).

@@ -1,6 +1,7 @@
 //! Tessera's one shared model: what pods ask for ([`request`]), what nodes have
 //! ([`inventory`], [`driver`]), what the extender decided ([`handoff`]) and how it decides ([`placement`]).
 
+pub mod cdi;
 pub mod driver;
 pub mod enforcement;
 pub mod handoff;

@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
+use tessera_core::driver::DEFAULT_BUNDLE_ROOT;
 use tessera_core::enforcement::{DEFAULT_HOOK_ROOT, DEFAULT_MPS_ROOT, ShareEnforcement};
 use tessera_core::names::{RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, RESOURCE_MIG_PREFIX};
 
@@ -552,6 +553,8 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                                     mount("cdi", "/var/run/cdi", false),
                                     mount("dev", "/dev", false),
                                     host_root_mount.clone(),
+                                    // Per-version driver bundles, mounted once by share devices.
+                                    mount("driver-bundles", DEFAULT_BUNDLE_ROOT, false),
                                 ],
                                 // Hook mode: installs the CUDA hook on the host.
                                 hook_mode
@@ -626,6 +629,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                         host_path("host-root", "/", "Directory"),
                         host_path("mps", DEFAULT_MPS_ROOT, "DirectoryOrCreate"),
                         host_path("hook", DEFAULT_HOOK_ROOT, "DirectoryOrCreate"),
+                        host_path("driver-bundles", DEFAULT_BUNDLE_ROOT, "DirectoryOrCreate"),
                         keys_volume(),
                     ]),
                     ..Default::default()

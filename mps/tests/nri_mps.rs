@@ -94,7 +94,7 @@ async fn mps(version: Version) -> anyhow::Result<()> {
         dev_root: root.path().join("host"),
         enforcement: ShareEnforcement::Mps,
         mps: layout.clone(),
-        hook: Default::default(),
+        ..Default::default()
     };
     write_spec(&c.cdi_dir(), SPEC_FILE, &spec::render(&inv, &opts)?.1)?;
     let keys = SigningKeys::new("k1", [("k1".to_string(), vec![5u8; 32])])?;

@@ -1,10 +1,9 @@
 //! Turns a decision and resolved CDI edits into an NRI `ContainerAdjustment`, applied directly
-//! (device nodes, mounts, env, hooks), not as CDI adjustments: containerd 1.7 ignores those.
+//! (device nodes, mounts, env), not as CDI adjustments: containerd 1.7 ignores those.
 
-use std::collections::BTreeMap;
-
+use tessera_core::cdi::{BIN_DIR, DRIVER_DIR};
 use tessera_core::enforcement::ANNOTATION_ENFORCED_BY;
-use tessera_core::injection::{ANNOTATION_INJECTED, GPU_EXPOSING_ENV, Grant};
+use tessera_core::injection::{ANNOTATION_INJECTED, GPU_EXPOSING_ENV, Grant, final_env};
 use tessera_proto::nri::api;
 
 use crate::cdi::Edits;
@@ -35,8 +34,8 @@ pub fn bind(host: &std::path::Path, container: &str, read_only: bool) -> api::Mo
     m
 }
 
-/// The adjustment for a granted container.
-pub fn grant(grant: &Grant, edits: &Edits) -> api::ContainerAdjustment {
+/// The adjustment for a granted container (`container_env`: what it has before).
+pub fn grant(grant: &Grant, edits: &Edits, container_env: &[String]) -> api::ContainerAdjustment {
     let mut adj = api::ContainerAdjustment::new();
     let mut linux = api::LinuxContainerAdjustment::new();
     for d in &edits.devices {
@@ -45,21 +44,6 @@ pub fn grant(grant: &Grant, edits: &Edits) -> api::ContainerAdjustment {
         dev.type_ = d.kind.clone();
         dev.major = d.major;
         dev.minor = d.minor;
-        if let Some(m) = d.file_mode {
-            let mut fm = api::OptionalFileMode::new();
-            fm.value = m;
-            dev.file_mode = Some(fm).into();
-        }
-        if let Some(u) = d.uid {
-            let mut o = api::OptionalUInt32::new();
-            o.value = u;
-            dev.uid = Some(o).into();
-        }
-        if let Some(g) = d.gid {
-            let mut o = api::OptionalUInt32::new();
-            o.value = g;
-            dev.gid = Some(o).into();
-        }
         linux.devices.push(dev);
     }
     adj.linux = Some(linux).into();
@@ -71,38 +55,10 @@ pub fn grant(grant: &Grant, edits: &Edits) -> api::ContainerAdjustment {
         mount.options = m.options.clone();
         adj.mounts.push(mount);
     }
-    // CDI env first, then the grant's (limits, visibility) which win.
-    let mut env: BTreeMap<String, String> = BTreeMap::new();
-    for e in &edits.env {
-        if let Some((k, v)) = e.split_once('=') {
-            env.insert(k.into(), v.into());
-        }
-    }
-    env.extend(grant.env.clone());
+    // With the driver mounted as one bundle, its programs are in <bundle>/bin.
+    let bundle = edits.mounts.iter().any(|m| m.destination == DRIVER_DIR);
+    let env = final_env(container_env, &edits.env, &grant.env, bundle.then_some(BIN_DIR));
     adj.env = env.iter().map(|(k, v)| kv(k, v)).collect();
-    if !edits.hooks.is_empty() {
-        let mut hooks = api::Hooks::new();
-        for h in &edits.hooks {
-            let mut hook = api::Hook::new();
-            hook.path = h.path.clone();
-            hook.args = h.args.clone();
-            hook.env = h.env.clone();
-            if let Some(t) = h.timeout {
-                let mut o = api::OptionalInt::new();
-                o.value = t;
-                hook.timeout = Some(o).into();
-            }
-            match h.stage {
-                "prestart" => hooks.prestart.push(hook),
-                "createRuntime" => hooks.create_runtime.push(hook),
-                "createContainer" => hooks.create_container.push(hook),
-                "startContainer" => hooks.start_container.push(hook),
-                "poststart" => hooks.poststart.push(hook),
-                _ => hooks.poststop.push(hook),
-            }
-        }
-        adj.hooks = Some(hooks).into();
-    }
     adj.annotations
         .insert(ANNOTATION_INJECTED.into(), grant.uuids.join(","));
     if let Some(mode) = grant.enforced_by {

@@ -1,15 +1,14 @@
-//! Resolves CDI device names against the specs on disk (container-device-interface crate
-//! cache) into the edits to apply. Results are memoised per name set and the cache is
-//! refreshed only when a spec file changes, so CreateContainer stays fast.
+//! Resolves Tessera's CDI device names (`tessera.io/gpu=...`) against the spec files on disk
+//! into the edits to apply. Only Tessera's own kind is read (other vendors' files in the same
+//! directories are skipped); later directories win, as in CDI. Specs are re-read only when a
+//! file changes, and results are memoised per name set, so CreateContainer stays fast.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use container_device_interface::cache::{Cache, new_cache, with_auto_refresh};
-use container_device_interface::spec_dirs::with_spec_dirs;
-use oci_spec::runtime as oci;
+use tessera_core::cdi::{CdiEdits, CdiSpec, parse_qualified};
+use tessera_core::names::CDI_KIND;
 
 /// A device node to add.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,12 +21,6 @@ pub struct DeviceEdit {
     pub major: i64,
     /// Minor.
     pub minor: i64,
-    /// File mode.
-    pub file_mode: Option<u32>,
-    /// Owner.
-    pub uid: Option<u32>,
-    /// Group.
-    pub gid: Option<u32>,
 }
 
 /// A mount to add.
@@ -43,21 +36,6 @@ pub struct MountEdit {
     pub options: Vec<String>,
 }
 
-/// A hook to add, with the OCI stage it runs in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HookEdit {
-    /// `prestart`, `createRuntime`, `createContainer`, `startContainer`, `poststart`, `poststop`.
-    pub stage: &'static str,
-    /// Program.
-    pub path: String,
-    /// Arguments.
-    pub args: Vec<String>,
-    /// Environment.
-    pub env: Vec<String>,
-    /// Timeout, seconds.
-    pub timeout: Option<i64>,
-}
-
 /// All edits of a set of CDI devices (spec-wide edits included).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Edits {
@@ -67,139 +45,193 @@ pub struct Edits {
     pub mounts: Vec<MountEdit>,
     /// `KEY=value`.
     pub env: Vec<String>,
-    /// Hooks.
-    pub hooks: Vec<HookEdit>,
+}
+
+impl Edits {
+    /// Adds `e` (device nodes by path and mounts by destination are not repeated).
+    fn add(&mut self, e: &CdiEdits) {
+        self.env.extend(e.env.iter().cloned());
+        for d in &e.device_nodes {
+            if !self.devices.iter().any(|x| x.path == d.path) {
+                self.devices.push(DeviceEdit {
+                    path: d.path.clone(),
+                    kind: d.kind.clone(),
+                    major: d.major,
+                    minor: d.minor,
+                });
+            }
+        }
+        for m in &e.mounts {
+            if !self.mounts.iter().any(|x| x.destination == m.container_path) {
+                self.mounts.push(MountEdit {
+                    destination: m.container_path.clone(),
+                    source: m.host_path.clone(),
+                    kind: "bind".into(),
+                    options: m.options.clone(),
+                });
+            }
+        }
+    }
 }
 
 /// The resolver.
 pub struct CdiResolver {
     dirs: Vec<PathBuf>,
-    cache: Arc<Mutex<Cache>>,
     stamp: Vec<(PathBuf, Option<SystemTime>)>,
+    /// Tessera's specs, highest priority first.
+    specs: Vec<CdiSpec>,
     memo: HashMap<Vec<String>, Edits>,
 }
 
-fn empty_spec() -> oci::Spec {
-    let mut spec = oci::Spec::default();
-    spec.set_mounts(None);
-    spec.set_hooks(None);
-    let mut process = oci::Process::default();
-    process.set_env(None);
-    spec.set_process(Some(process));
-    let mut linux = oci::Linux::default();
-    linux.set_devices(None);
-    linux.set_resources(None);
-    spec.set_linux(Some(linux));
-    spec
-}
-
-fn hooks_of(stage: &'static str, hooks: &Option<Vec<oci::Hook>>) -> Vec<HookEdit> {
-    hooks
-        .iter()
-        .flatten()
-        .map(|h| HookEdit {
-            stage,
-            path: h.path().display().to_string(),
-            args: h.args().clone().unwrap_or_default(),
-            env: h.env().clone().unwrap_or_default(),
-            timeout: h.timeout(),
-        })
-        .collect()
+/// Reads one spec file, `None` when it is another vendor's.
+fn read_spec(path: &Path) -> Result<Option<CdiSpec>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let yaml = matches!(path.extension().and_then(|x| x.to_str()), Some("yaml" | "yml"));
+    let kind = if yaml {
+        serde_yaml::from_str::<serde_yaml::Value>(&text)
+            .ok()
+            .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_string))
+    } else {
+        serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_string))
+    };
+    if kind.as_deref() != Some(CDI_KIND) {
+        return Ok(None);
+    }
+    let spec: CdiSpec = if yaml {
+        serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?
+    } else {
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?
+    };
+    spec.validate().map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Some(spec))
 }
 
 impl CdiResolver {
     /// A resolver over `dirs` (later directories win, as in CDI).
     pub fn new(dirs: Vec<PathBuf>) -> Self {
-        let names: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let cache = new_cache(vec![with_spec_dirs(&refs), with_auto_refresh(false)]);
         Self {
             dirs,
-            cache,
             stamp: Vec::new(),
+            specs: Vec::new(),
             memo: HashMap::new(),
         }
     }
 
-    fn current_stamp(&self) -> Vec<(PathBuf, Option<SystemTime>)> {
+    fn files(&self) -> Vec<(PathBuf, Option<SystemTime>)> {
         let mut out = Vec::new();
         for d in &self.dirs {
             let Ok(entries) = std::fs::read_dir(d) else { continue };
-            for e in entries.flatten() {
-                let p = e.path();
-                if matches!(p.extension().and_then(|x| x.to_str()), Some("json" | "yaml")) {
-                    out.push((p, e.metadata().and_then(|m| m.modified()).ok()));
-                }
-            }
+            let mut here: Vec<_> = entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| matches!(p.extension().and_then(|x| x.to_str()), Some("json" | "yaml" | "yml")))
+                .map(|p| {
+                    let t = std::fs::metadata(&p).and_then(|m| m.modified()).ok();
+                    (p, t)
+                })
+                .collect();
+            here.sort();
+            out.extend(here);
         }
-        out.sort();
         out
     }
 
-    /// The edits for `names` (fully qualified CDI names).
-    pub fn resolve(&mut self, names: &[String]) -> Result<Edits, String> {
-        let stamp = self.current_stamp();
-        if stamp != self.stamp {
-            let mut cache = self.cache.lock().map_err(|_| "CDI cache poisoned".to_string())?;
-            cache.refresh().map_err(|e| format!("refreshing CDI specs: {e}"))?;
-            self.stamp = stamp;
-            self.memo.clear();
+    fn refresh(&mut self) -> Result<(), String> {
+        let stamp = self.files();
+        if stamp == self.stamp {
+            return Ok(());
         }
+        let mut specs = Vec::new();
+        for (path, _) in &stamp {
+            if let Some(s) = read_spec(path)? {
+                specs.push(s);
+            }
+        }
+        specs.reverse();
+        self.specs = specs;
+        self.stamp = stamp;
+        self.memo.clear();
+        Ok(())
+    }
+
+    /// The edits for `names` (fully qualified CDI names of Tessera's kind).
+    pub fn resolve(&mut self, names: &[String]) -> Result<Edits, String> {
+        self.refresh()?;
         if let Some(e) = self.memo.get(names) {
             return Ok(e.clone());
         }
-        let mut spec = empty_spec();
-        {
-            let mut cache = self.cache.lock().map_err(|_| "CDI cache poisoned".to_string())?;
-            cache
-                .inject_devices(Some(&mut spec), names.to_vec())
-                .map_err(|e| e.to_string())?;
-        }
         let mut edits = Edits::default();
-        if let Some(linux) = spec.linux() {
-            for d in linux
-                .devices()
-                .iter()
-                .flatten()
-                .filter(|d| !d.path().as_os_str().is_empty())
-            {
-                edits.devices.push(DeviceEdit {
-                    path: d.path().display().to_string(),
-                    kind: d.typ().as_str().to_string(),
-                    major: d.major(),
-                    minor: d.minor(),
-                    file_mode: d.file_mode(),
-                    uid: d.uid(),
-                    gid: d.gid(),
-                });
+        let mut applied_specs: Vec<usize> = Vec::new();
+        let mut unresolved = Vec::new();
+        for qualified in names {
+            let (kind, name) = parse_qualified(qualified).map_err(|e| e.to_string())?;
+            let found = (kind == CDI_KIND)
+                .then(|| {
+                    self.specs
+                        .iter()
+                        .enumerate()
+                        .find_map(|(i, s)| s.device(name).map(|d| (i, d)))
+                })
+                .flatten();
+            match found {
+                Some((i, d)) => {
+                    if !applied_specs.contains(&i) {
+                        edits.add(&self.specs[i].container_edits);
+                        applied_specs.push(i);
+                    }
+                    edits.add(&d.container_edits);
+                }
+                None => unresolved.push(qualified.clone()),
             }
         }
-        // The CDI library seeds an empty mount and device entry when the lists start empty.
-        for m in spec
-            .mounts()
-            .iter()
-            .flatten()
-            .filter(|m| !m.destination().as_os_str().is_empty())
-        {
-            edits.mounts.push(MountEdit {
-                destination: m.destination().display().to_string(),
-                source: m.source().as_ref().map(|s| s.display().to_string()).unwrap_or_default(),
-                kind: m.typ().clone().unwrap_or_else(|| "bind".into()),
-                options: m.options().clone().unwrap_or_default(),
-            });
-        }
-        if let Some(p) = spec.process() {
-            edits.env = p.env().clone().unwrap_or_default();
-        }
-        if let Some(h) = spec.hooks() {
-            edits.hooks.extend(hooks_of("prestart", h.prestart()));
-            edits.hooks.extend(hooks_of("createRuntime", h.create_runtime()));
-            edits.hooks.extend(hooks_of("createContainer", h.create_container()));
-            edits.hooks.extend(hooks_of("startContainer", h.start_container()));
-            edits.hooks.extend(hooks_of("poststart", h.poststart()));
-            edits.hooks.extend(hooks_of("poststop", h.poststop()));
+        if !unresolved.is_empty() {
+            return Err(format!("unresolvable CDI devices {}", unresolved.join(", ")));
         }
         self.memo.insert(names.to_vec(), edits.clone());
         Ok(edits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_tessera_devices_and_skips_other_vendors() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = serde_json::json!({
+            "cdiVersion": "0.5.0", "kind": CDI_KIND,
+            "devices": [
+                {"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0, "permissions": "rw"}]}},
+                {"name": "1", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1, "permissions": "rw"}]}}
+            ],
+            "containerEdits": {"env": ["A=1"], "deviceNodes": [{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "permissions": "rw"}],
+                "mounts": [{"hostPath": "/x", "containerPath": "/y", "options": ["ro", "bind"]}]}
+        });
+        std::fs::write(dir.path().join("tessera.io-gpu.json"), spec.to_string()).unwrap();
+        // Another vendor's YAML is left alone, even when we could not parse it as ours.
+        std::fs::write(
+            dir.path().join("nvidia.yaml"),
+            "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\nhooks: []\n",
+        )
+        .unwrap();
+        let mut r = CdiResolver::new(vec![dir.path().to_path_buf()]);
+        let e = r.resolve(&[format!("{CDI_KIND}=0"), format!("{CDI_KIND}=1")]).unwrap();
+        let paths: Vec<&str> = e.devices.iter().map(|d| d.path.as_str()).collect();
+        assert_eq!(paths, ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"]);
+        assert_eq!((e.env.len(), e.mounts.len()), (1, 1), "spec-wide edits once");
+        let err = r.resolve(&[format!("{CDI_KIND}=9")]).unwrap_err();
+        assert_eq!(err, "unresolvable CDI devices tessera.io/gpu=9");
+        assert!(r.resolve(&["nvidia.com/gpu=0".into()]).is_err());
+        // A later directory wins.
+        let later = tempfile::tempdir().unwrap();
+        let mut s2 = spec.clone();
+        s2["devices"][0]["containerEdits"]["deviceNodes"][0]["minor"] = 7.into();
+        std::fs::write(later.path().join("tessera.io-gpu.json"), s2.to_string()).unwrap();
+        let mut r = CdiResolver::new(vec![dir.path().to_path_buf(), later.path().to_path_buf()]);
+        let e = r.resolve(&[format!("{CDI_KIND}=0")]).unwrap();
+        assert_eq!(e.devices[1].minor, 7);
     }
 }

@@ -194,7 +194,7 @@ impl TesseraPlugin {
                     .lock()
                     .expect("not poisoned")
                     .insert(container.id.clone(), grant.uuids.join(","));
-                let mut adj = adjust::grant(&grant, &edits);
+                let mut adj = adjust::grant(&grant, &edits, &container.env);
                 if grant.enforced_by == Some(ShareEnforcement::Hook)
                     && let Some(limits) = &grant.share
                 {

@@ -1,6 +1,7 @@
 //! CRI CreateContainer time with the NRI plugin connected vs without it, same run, on both
-//! containerd versions. Prints the median and p90 per case, the median added time and the
-//! ratio. Run as root: `cargo bench -p tessera-tests --bench nri_create`.
+//! containerd versions, and a GPU share with the driver mounted file by file vs as one bundle.
+//! Prints the median and p90 per case, the median added time and the ratios. Run as root:
+//! `cargo bench -p tessera-tests --bench nri_create`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -89,8 +90,22 @@ async fn bench(version: Version) -> anyhow::Result<()> {
     let mut c = Containerd::start(version).await?;
     let root = tempfile::tempdir()?;
     let inv = fake_node("h100x8", root.path())?;
-    let (_, text) = spec::render(&inv, &SpecOptions::default())?;
-    write_spec(&c.cdi_dir(), SPEC_FILE, &text)?;
+    let (_, per_file) = spec::render(&inv, &SpecOptions::default())?;
+    let bundle_dir =
+        tessera_cdi_generator::bundle::prepare(&inv, std::path::Path::new("/"), &root.path().join("bundles"))?;
+    let (_, bundled) = spec::render(
+        &inv,
+        &SpecOptions {
+            driver_bundle: Some(bundle_dir),
+            ..Default::default()
+        },
+    )?;
+    let mounts = |t: &str| {
+        serde_json::from_str::<serde_json::Value>(t)
+            .map(|v| v["containerEdits"]["mounts"].as_array().map_or(0, Vec::len))
+    };
+    let (m_file, m_bundle) = (mounts(&per_file)?, mounts(&bundled)?);
+    write_spec(&c.cdi_dir(), SPEC_FILE, &per_file)?;
     let keys = SigningKeys::new("k", [("k".to_string(), vec![1u8; 32])])?;
     let uuid = inv.gpus[0].uuid.clone();
 
@@ -99,6 +114,7 @@ async fn bench(version: Version) -> anyhow::Result<()> {
     // of this machine falls on every case alike.
     measure(&mut c, "warm", Gpu::No, &keys, &uuid, 10).await?;
     let (mut without, mut cdi, mut plain, mut gpu) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut gpu_bundle = Vec::new();
     let per = N / ROUNDS;
     for round in 0..ROUNDS {
         without.extend(measure(&mut c, &format!("without-{round}"), Gpu::No, &keys, &uuid, per).await?);
@@ -127,6 +143,21 @@ async fn bench(version: Version) -> anyhow::Result<()> {
         tokio::time::timeout(Duration::from_secs(15), synced.wait_for(|n| *n > 0)).await??;
         plain.extend(measure(&mut c, &format!("plugin-nogpu-{round}"), Gpu::No, &keys, &uuid, per).await?);
         gpu.extend(measure(&mut c, &format!("plugin-gpu-{round}"), Gpu::Handoff, &keys, &uuid, per).await?);
+        // The same share with the driver as one bundle (the spec is re-read once: warm up).
+        write_spec(&c.cdi_dir(), SPEC_FILE, &bundled)?;
+        measure(&mut c, &format!("bundle-warm-{round}"), Gpu::Handoff, &keys, &uuid, 1).await?;
+        gpu_bundle.extend(
+            measure(
+                &mut c,
+                &format!("plugin-bundle-{round}"),
+                Gpu::Handoff,
+                &keys,
+                &uuid,
+                per,
+            )
+            .await?,
+        );
+        write_spec(&c.cdi_dir(), SPEC_FILE, &per_file)?;
         let _ = stop.send(());
         task.await?;
         // The runtime notices the plugin is gone before the next round.
@@ -216,6 +247,19 @@ async fn bench(version: Version) -> anyhow::Result<()> {
         "  GPU share via the plugin vs the same devices via the runtime's CDI: {:+.3} ms; ratio {:.3}",
         ms(m2) - ms(mc),
         ms(m2) / ms(mc)
+    );
+    let mb = quantile(&mut gpu_bundle, 0.5);
+    println!(
+        "  plugin, GPU share, driver as one bundle ({m_bundle} spec-wide mounts instead of {m_file}): median {:7.3} ms  p90 {:7.3} ms",
+        ms(mb),
+        ms(quantile(&mut gpu_bundle, 0.9))
+    );
+    println!(
+        "  one bundle vs file by file: {:+.3} ms; ratio {:.3}; added over no plugin: {:+.3} ms (ratio {:.3})",
+        ms(mb) - ms(m2),
+        ms(mb) / ms(m2),
+        ms(mb) - ms(m0),
+        ms(mb) / ms(m0)
     );
     println!(
         "  the plugin's own CreateContainer work (in-process median): {:.1} us (no GPU), {:.1} us (GPU share)",

@@ -44,10 +44,16 @@ impl Env {
     }
 
     fn use_spec(&self, inv: &NodeInventory) -> anyhow::Result<()> {
+        self.use_spec_with(inv, None)
+    }
+
+    /// The spec for `inv`, with the driver as one bundle when given.
+    fn use_spec_with(&self, inv: &NodeInventory, bundle: Option<std::path::PathBuf>) -> anyhow::Result<()> {
         let (_, text) = spec::render(
             inv,
             &SpecOptions {
                 dev_root: self.root.path().join("host"),
+                driver_bundle: bundle,
                 ..Default::default()
             },
         )?;
@@ -454,4 +460,87 @@ async fn nri_plugin_on_containerd_1_7() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nri_plugin_on_containerd_2() -> anyhow::Result<()> {
     nri(Version::V2).await
+}
+
+/// The driver as one bundle: a single mount at /usr/local/nvidia (firmware apart) instead of
+/// one per file; the container finds libcuda and the driver's programs, and keeps its own
+/// LD_LIBRARY_PATH.
+async fn bundle(version: Version) -> anyhow::Result<()> {
+    let mut e = Env::new(version).await?;
+    let h = e.h100.clone();
+    let dir = tessera_cdi_generator::bundle::prepare(&h, std::path::Path::new("/"), &e.root.path().join("bundles"))?;
+    e.use_spec_with(&h, Some(dir.clone()))?;
+    let plugin = e.plugin();
+    let mut synced = plugin.synchronized();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(session::run_external(
+        e.c.nri_socket(),
+        Identity {
+            name: "tessera".into(),
+            idx: "10".into(),
+        },
+        plugin,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    wait_sync(&mut synced, 0).await?;
+    let pod = e.pod("bundle", NODE, vec![("main", vec![whole(&h, 2)])], None).await?;
+    let cid =
+        e.c.create_container(
+            &pod,
+            ContainerSpec::new(
+                "main",
+                &[
+                    "sh",
+                    "-c",
+                    "test -f /usr/local/nvidia/lib64/libcuda.so.1 && test -f /usr/local/nvidia/bin/nvidia-smi && env",
+                ],
+            )
+            .annotation("tessera.io/allocated.gpu-core", "100")
+            .env("LD_LIBRARY_PATH", "/opt/app/lib"),
+        )
+        .await?;
+    let s = e.c.oci_spec(&cid).await?;
+    let driver_mounts: BTreeSet<String> = s
+        .mounts()
+        .iter()
+        .flatten()
+        .filter(|m| m.source().as_ref().is_some_and(|p| p.starts_with(e.root.path())))
+        .map(|m| m.destination().display().to_string())
+        .collect();
+    assert_eq!(
+        driver_mounts,
+        BTreeSet::from(
+            [
+                "/lib/firmware/nvidia/550.54.15/gsp_ga10x.bin",
+                "/lib/firmware/nvidia/550.54.15/gsp_tu10x.bin",
+                "/usr/local/nvidia"
+            ]
+            .map(String::from)
+        ),
+        "one mount for the driver, firmware apart"
+    );
+    let (code, out) = e.c.run_to_exit(&cid).await?;
+    assert_eq!(code, 0, "{out}");
+    let env: BTreeMap<&str, &str> = out.lines().filter_map(|l| l.split_once('=')).collect();
+    assert_eq!(
+        env.get("LD_LIBRARY_PATH"),
+        Some(&"/usr/local/nvidia/lib64:/opt/app/lib"),
+        "{out}"
+    );
+    assert_eq!(env.get("PATH"), Some(&"/bin:/usr/bin:/usr/local/nvidia/bin"), "{out}");
+    let _ = stop_tx.send(());
+    task.await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn driver_bundle_on_containerd_1_7() -> anyhow::Result<()> {
+    bundle(Version::V1_7).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn driver_bundle_on_containerd_2() -> anyhow::Result<()> {
+    bundle(Version::V2).await
 }

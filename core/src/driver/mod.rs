@@ -60,6 +60,10 @@ pub fn library_dirs() -> Vec<String> {
     ]
 }
 
+/// Where the node agent keeps per-version driver bundles on the host (one directory of the
+/// driver's files that share devices mount once).
+pub const DEFAULT_BUNDLE_ROOT: &str = "/var/lib/tessera/driver";
+
 /// Program directories searched under a root, in order.
 pub const BINARY_DIRS: &[&str] = &["usr/bin", "bin", "usr/local/bin", "usr/sbin", "sbin"];
 /// Firmware directories under a root (`<dir>/<driver version>/gsp_*.bin`).

@@ -233,3 +233,26 @@ fn mig_counts_per_profile() {
     assert!(decide(&ctx(&k, false), "uid-1", &p, "m", &asked(&[("mig-1g.5gb", "1")])).is_err());
     assert!(decide(&ctx(&k, false), "uid-1", &p, "m", &asked(&[("mig-2g.10gb", "2")])).is_err());
 }
+
+#[test]
+fn the_image_keeps_its_library_path_and_gets_the_driver_programs() {
+    let cdi = [
+        "NVIDIA_VISIBLE_DEVICES=void".to_string(),
+        "LD_LIBRARY_PATH=/usr/local/nvidia/lib64".into(),
+    ];
+    let grant = BTreeMap::from([("CUDA_VISIBLE_DEVICES".to_string(), "GPU-1".to_string())]);
+    let image = [
+        "PATH=/opt/conda/bin:/usr/bin".to_string(),
+        "LD_LIBRARY_PATH=/opt/conda/lib:/usr/local/nvidia/lib64".into(),
+    ];
+    let env = final_env(&image, &cdi, &grant, Some("/usr/local/nvidia/bin"));
+    assert_eq!(env["LD_LIBRARY_PATH"], "/usr/local/nvidia/lib64:/opt/conda/lib");
+    assert_eq!(env["PATH"], "/opt/conda/bin:/usr/bin:/usr/local/nvidia/bin");
+    assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-1");
+    // No PATH in the image: the runtime's default, plus the driver's programs.
+    let env = final_env(&[], &cdi, &grant, Some("/usr/local/nvidia/bin"));
+    assert_eq!(env["PATH"], format!("{DEFAULT_PATH}:/usr/local/nvidia/bin"));
+    assert_eq!(env["LD_LIBRARY_PATH"], "/usr/local/nvidia/lib64");
+    // Per-file driver mounts (programs in /usr/bin): PATH is left alone.
+    assert!(!final_env(&image, &cdi, &grant, None).contains_key("PATH"));
+}
