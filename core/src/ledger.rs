@@ -9,6 +9,9 @@
 //! It also converts between the engine's plans (card positions) and hand-off allocations
 //! (device UUIDs), in both directions.
 
+mod names;
+mod plain;
+
 use std::collections::{BTreeSet, HashMap};
 
 use rustc_hash::FxHashMap;
@@ -94,11 +97,16 @@ pub enum LedgerError {
 #[derive(Debug, Clone)]
 pub struct Ledger {
     engine: Engine,
+    /// Pods that hold GPUs (or were reserved by this extender), by UID.
     bookings: HashMap<String, Booking>,
+    /// Pods that hold no GPU: their CPU and memory only.
+    plain: plain::PlainHolds,
     by_node: HashMap<String, BTreeSet<String>>,
     capacity: HashMap<String, NodeCapacity>,
     /// Live nodes' positions in the engine (the scheduler asks by name, thousands at a time).
     live: FxHashMap<String, usize>,
+    /// Recent candidate lists resolved against `live`.
+    resolved: names::ResolvedLists,
 }
 
 impl Ledger {
@@ -107,9 +115,11 @@ impl Ledger {
         Self {
             engine: Engine::new(Default::default(), workload, config),
             bookings: HashMap::new(),
+            plain: plain::PlainHolds::default(),
             by_node: HashMap::new(),
             capacity: HashMap::new(),
             live: FxHashMap::default(),
+            resolved: Default::default(),
         }
     }
 
@@ -133,6 +143,13 @@ impl Ledger {
         self.live.get(name).copied()
     }
 
+    /// The position of each of `names` in the engine (`None`: not a live node). The last lists
+    /// asked about are remembered while no node comes or goes.
+    pub fn resolve_names(&mut self, names: &[&str]) -> std::sync::Arc<[Option<usize>]> {
+        let live = &self.live;
+        self.resolved.resolve(names, |n| live.get(n).copied())
+    }
+
     /// Number of known nodes.
     pub fn node_count(&self) -> usize {
         self.capacity.len()
@@ -143,9 +160,9 @@ impl Ledger {
         self.bookings.get(uid)
     }
 
-    /// Number of bookings.
+    /// Number of bookings (pods with and without GPUs).
     pub fn booking_count(&self) -> usize {
-        self.bookings.len()
+        self.bookings.len() + self.plain.len()
     }
 
     /// Adds or replaces a node and re-applies the bookings on it. Returns the bookings that
@@ -168,7 +185,9 @@ impl Ledger {
         };
         let i = self.engine.cluster.add_node(node);
         self.capacity.insert(name.to_string(), capacity);
-        self.live.insert(name.to_string(), i);
+        if self.live.insert(name.to_string(), i) != Some(i) {
+            self.resolved.invalidate();
+        }
         let mut problems = Vec::new();
         for uid in self.by_node.get(name).cloned().unwrap_or_default() {
             let b = &self.bookings[&uid];
@@ -176,6 +195,10 @@ impl Ledger {
                 problems.push((uid, e));
             }
         }
+        let (cpu, memory) = self.plain.sum(name);
+        let n = &mut self.engine.cluster.nodes[i];
+        n.cpu_used += cpu;
+        n.memory_used += memory;
         if self.engine.cluster.model_count() != models_before {
             // A new model: recompile the workload's model constraints.
             let workload = self.engine.workload().clone();
@@ -192,6 +215,7 @@ impl Ledger {
             return;
         }
         self.live.remove(name);
+        self.resolved.invalidate();
         if let Some(i) = self.engine.cluster.node_index(name) {
             let n = &mut self.engine.cluster.nodes[i];
             *n = NodeState {
@@ -232,8 +256,48 @@ impl Ledger {
         Ok(())
     }
 
-    /// Removes a booking and frees what it held.
+    /// Records a pod that holds no GPU: `cpu_milli` and `memory` bytes on `node` (replacing
+    /// any booking of it).
+    pub fn book_plain(&mut self, uid: &str, node: &str, cpu_milli: u64, memory: u64) {
+        let id = self.plain.node_id(node);
+        let hold = plain::PlainHold {
+            node: id,
+            cpu_milli: u32::try_from(cpu_milli).unwrap_or(u32::MAX),
+            memory,
+        };
+        if self.plain.get(uid) == Some(hold) {
+            return;
+        }
+        self.unbook(uid);
+        self.plain.insert(uid, hold);
+        self.plain_delta(node, hold, Direction::Commit);
+    }
+
+    /// Applies or releases a plain hold on its node, if the node is live.
+    fn plain_delta(&mut self, node: &str, h: plain::PlainHold, dir: Direction) {
+        let Some(i) = self.node_index(node) else { return };
+        let n = &mut self.engine.cluster.nodes[i];
+        match dir {
+            Direction::Commit => {
+                n.cpu_used += u64::from(h.cpu_milli);
+                n.memory_used += h.memory;
+            }
+            Direction::Release => {
+                n.cpu_used = n.cpu_used.saturating_sub(u64::from(h.cpu_milli));
+                n.memory_used = n.memory_used.saturating_sub(h.memory);
+            }
+        }
+        self.engine.node_changed(i);
+    }
+
+    /// Removes a booking (or a plain hold) and frees what it held; the booking, when it was
+    /// one.
     pub fn unbook(&mut self, uid: &str) -> Option<Booking> {
+        if let Some(h) = self.plain.remove(uid) {
+            let node = self.plain.node_name(h.node).to_string();
+            self.plain_delta(&node, h, Direction::Release);
+            return None;
+        }
         let b = self.bookings.remove(uid)?;
         if let Some(set) = self.by_node.get_mut(&b.node) {
             set.remove(uid);
@@ -255,9 +319,18 @@ impl Ledger {
         }
     }
 
-    /// UIDs of every booking (for reconciling against a fresh list).
+    /// UIDs of every booking of a pod with GPUs (for reconciling against a fresh list).
     pub fn booked_uids(&self) -> Vec<String> {
         self.bookings.keys().cloned().collect()
+    }
+
+    /// Keeps only the plain holds of pods in `listed` (a fresh list); frees the others.
+    pub fn retain_plain(&mut self, listed: &std::collections::HashSet<String>) {
+        let keys: std::collections::HashSet<u128> = listed.iter().map(|u| plain::key(u)).collect();
+        for h in self.plain.retain(|k| keys.contains(&k)) {
+            let node = self.plain.node_name(h.node).to_string();
+            self.plain_delta(&node, h, Direction::Release);
+        }
     }
 
     /// Plans `demand` on `node` with the engine, reserves it under `uid` and returns the
@@ -319,6 +392,10 @@ impl Ledger {
         for v in victims {
             if let Some(b) = self.bookings.get(*v).filter(|b| b.node == node) {
                 let _ = apply(&mut self.engine.cluster.nodes[i], b, Direction::Release);
+            } else if let Some(h) = self.plain.get(v).filter(|h| self.plain.node_name(h.node) == node) {
+                let n = &mut self.engine.cluster.nodes[i];
+                n.cpu_used = n.cpu_used.saturating_sub(u64::from(h.cpu_milli));
+                n.memory_used = n.memory_used.saturating_sub(h.memory);
             }
         }
         self.engine.node_changed(i);

@@ -395,6 +395,28 @@ impl ContainerRequest {
     }
 }
 
+/// Whether Tessera has anything to do with `pod`: a container asks for a `tessera.io/`
+/// resource, or the pod carries an allocation. (Cheap: no parsing.)
+pub fn is_tessera_pod(pod: &Pod) -> bool {
+    let asks = |c: &Container| {
+        c.resources.as_ref().is_some_and(|r| {
+            r.limits
+                .iter()
+                .chain(r.requests.iter())
+                .flat_map(|m| m.keys())
+                .any(|k| is_tessera_resource(k))
+        })
+    };
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(crate::names::ANNOTATION_ALLOCATION))
+        || pod
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.containers.iter().chain(s.init_containers.iter().flatten()).any(asks))
+}
+
 fn annotation_error(annotation: &'static str, value: &str, reason: impl Into<String>) -> RequestError {
     RequestError::Annotation {
         annotation,

@@ -274,6 +274,11 @@ impl Inner {
 struct ListQuery {
     watch: Option<String>,
     resource_version: Option<String>,
+    /// Page size (lists page as a real API server's do when asked).
+    limit: Option<usize>,
+    /// Where the previous page ended (an offset into the name-ordered list).
+    #[serde(rename = "continue")]
+    continue_: Option<String>,
 }
 
 async fn list_or_watch(inner: Arc<Inner>, kind: Kind, ns: Option<String>, q: ListQuery) -> Response {
@@ -281,18 +286,25 @@ async fn list_or_watch(inner: Arc<Inner>, kind: Kind, ns: Option<String>, q: Lis
     let watching = q.watch.as_deref().is_some_and(|w| w == "true" || w == "1");
     if !watching {
         let s = inner.store.lock().unwrap();
-        let items: Vec<Value> = s
-            .objects
-            .iter()
-            .filter(|((k, ns, _), _)| *k == kind && in_ns(ns))
-            .map(|(_, v)| v.clone())
-            .collect();
+        let mut keys: Vec<&(Kind, String, String)> =
+            s.objects.keys().filter(|(k, ns, _)| *k == kind && in_ns(ns)).collect();
+        keys.sort_by(|a, b| (&a.1, &a.2).cmp(&(&b.1, &b.2)));
+        let from: usize = q.continue_.as_deref().and_then(|c| c.parse().ok()).unwrap_or(0);
+        let to = q
+            .limit
+            .filter(|l| *l > 0)
+            .map_or(keys.len(), |l| (from + l).min(keys.len()));
+        let items: Vec<Value> = keys[from.min(to)..to].iter().map(|k| s.objects[*k].clone()).collect();
+        let mut meta = json!({"resourceVersion": s.rv.to_string()});
+        if to < keys.len() {
+            meta["continue"] = json!(to.to_string());
+        }
         return ok_json(
             StatusCode::OK,
             &json!({
                 "apiVersion": kind.api_version(),
                 "kind": format!("{}List", kind.name()),
-                "metadata": {"resourceVersion": s.rv.to_string()},
+                "metadata": meta,
                 "items": items,
             }),
         );

@@ -211,6 +211,17 @@ impl Fragmentation {
         self.eval(shape.model, shape.cpu_free, &shape.frees)
     }
 
+    /// The same model with an empty memo (for another thread: the memo only saves work).
+    pub fn without_memo(&self) -> Self {
+        Self {
+            classes: self.classes.clone(),
+            waste: self.waste.clone(),
+            cpu_thresholds: self.cpu_thresholds.clone(),
+            memo: FxHashMap::default(),
+            sorted: Vec::new(),
+        }
+    }
+
     /// Fragmentation of a node as it is.
     pub fn of_node(&mut self, node: &NodeState) -> f64 {
         let shape = NodeShape::of(node);

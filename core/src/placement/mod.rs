@@ -6,6 +6,7 @@
 //! `mosaic` is Tessera's own policy (see `docs/placement.md`).
 
 mod demand;
+mod evaluate;
 mod fit;
 mod frag;
 mod rng;
@@ -16,6 +17,7 @@ mod tests;
 use std::fmt;
 
 pub use demand::{CardDemand, ContainerDemand, PodDemand};
+pub use evaluate::Verdict;
 pub use fit::{
     CardAssign, CardUsage, ContainerPlacement, NodePlan, PodUsage, ShareChooser, check_node_resources,
     commit as commit_usage, plan_node, release as release_usage,
@@ -26,6 +28,7 @@ pub use state::{CARD_MILLI, CardState, ClusterState, MigSlot, NodeState, ShareUs
 
 use crate::enforcement::ShareEnforcement;
 use crate::policy::PolicyKind;
+use evaluate::{Evaluator, Scratch};
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +96,7 @@ enum SimpleChoice {
 struct ScoreMemo {
     key: u64,
     pod: std::sync::Arc<PodDemand>,
-    verdict: Result<f64, String>,
+    verdict: Verdict,
 }
 
 /// The placement engine.
@@ -102,13 +105,10 @@ pub struct Engine {
     /// The cluster and what is committed on it.
     pub cluster: ClusterState,
     config: EngineConfig,
-    rng: Rng,
-    frag: Fragmentation,
+    scratch: Scratch,
     workload: TargetWorkload,
     node_frag: Vec<Option<f64>>,
     score_memo: Vec<Option<ScoreMemo>>,
-    shape: NodeShape,
-    positions: Vec<usize>,
 }
 
 /// A share chooser for the general (multi-container) path.
@@ -183,13 +183,10 @@ impl Engine {
         Self {
             cluster,
             config,
-            rng: Rng::new(config.seed),
-            frag,
+            scratch: Scratch::new(frag, config.seed),
             workload: workload.clone(),
             node_frag: vec![None; n],
             score_memo: vec![None; n],
-            shape: NodeShape::default(),
-            positions: Vec::new(),
         }
     }
 
@@ -205,7 +202,7 @@ impl Engine {
 
     /// Replaces the target workload (e.g. from a [`WorkloadLearner`]).
     pub fn set_workload(&mut self, workload: &TargetWorkload) {
-        self.frag = Fragmentation::new(workload, &self.cluster);
+        self.scratch.frag = Fragmentation::new(workload, &self.cluster);
         self.workload = workload.clone();
         self.node_frag.iter_mut().for_each(|f| *f = None);
         self.score_memo.iter_mut().for_each(|f| *f = None);
@@ -223,15 +220,7 @@ impl Engine {
 
     /// Fragmentation of one node now, milli-GPU.
     pub fn node_fragmentation(&mut self, node: usize) -> f64 {
-        if self.node_frag.len() < self.cluster.nodes.len() {
-            self.node_frag.resize(self.cluster.nodes.len(), None);
-        }
-        if let Some(f) = self.node_frag[node] {
-            return f;
-        }
-        let f = self.frag.of_node(&self.cluster.nodes[node]);
-        self.node_frag[node] = Some(f);
-        f
+        self.evaluator().node_fragmentation(node)
     }
 
     /// Fragmentation of the whole cluster, milli-GPU.
@@ -240,10 +229,7 @@ impl Engine {
     }
 
     fn policies(&self, pod: &PodDemand) -> (PolicyKind, PolicyKind) {
-        (
-            pod.node_policy.unwrap_or(self.config.node_policy),
-            pod.gpu_policy.unwrap_or(self.config.gpu_policy),
-        )
+        evaluate::policies(&self.config, pod)
     }
 
     fn is_simple(pod: &PodDemand) -> bool {
@@ -260,170 +246,27 @@ impl Engine {
         self.evaluate(n, pod, allowed).map(|(s, _)| s)
     }
 
+    /// Makes room in the per-node memos for every node.
+    fn grow_memos(&mut self) {
+        if self.node_frag.len() < self.cluster.nodes.len() {
+            self.node_frag.resize(self.cluster.nodes.len(), None);
+            self.score_memo.resize(self.cluster.nodes.len(), None);
+        }
+    }
+
+    /// An evaluator over this engine's cluster, scratch and memos.
+    fn evaluator(&mut self) -> Evaluator<'_> {
+        self.grow_memos();
+        Evaluator {
+            cluster: &self.cluster,
+            config: self.config,
+            s: &mut self.scratch,
+            node_frag: &mut self.node_frag,
+        }
+    }
+
     fn evaluate(&mut self, n: usize, pod: &PodDemand, allowed: &[bool]) -> Result<(f64, Option<SimpleChoice>), String> {
-        let (node_policy, gpu_policy) = self.policies(pod);
-        // MPS nodes keep one user per shared card: the general path's card tier knows that rule.
-        let mps_share = self.cluster.nodes[n].enforcement == ShareEnforcement::Mps && pod.wants_share();
-        if !Self::is_simple(pod) || mps_share {
-            let plan = self.plan_general(n, pod, allowed, gpu_policy)?;
-            let score = self.score_plan(n, pod, &plan.usage, node_policy);
-            return Ok((score, None));
-        }
-        let node = &self.cluster.nodes[n];
-        check_node_resources(node, pod)?;
-        pod.enforcement_ok(node.enforcement)?;
-        let needs_frag = matches!(node_policy, PolicyKind::Fgd | PolicyKind::Mosaic)
-            || matches!(gpu_policy, PolicyKind::Fgd | PolicyKind::Mosaic);
-        let before = if needs_frag { self.node_fragmentation(n) } else { 0.0 };
-        let node = &self.cluster.nodes[n];
-        self.shape.fill(node);
-        self.positions.clear();
-        let mut p = 0;
-        for c in &node.cards {
-            self.positions.push(p);
-            if c.offers_compute() {
-                p += 1;
-            }
-        }
-        let cpu_after = node.cpu_free() - pod.cpu_milli;
-        let model_ok = |i: usize| allowed.get(usize::from(node.cards[i].model)).copied().unwrap_or(false);
-        let (choice, removed_milli) = match pod.containers.first().map(|c| &c.cards) {
-            None => (SimpleChoice::NoCards, 0u64),
-            Some(CardDemand::Share { core_milli, memory_mib }) => {
-                let core = *core_milli;
-                let mut best: Option<(f64, usize, u64)> = None;
-                let mut ties = 0u64;
-                let mut fallback: Option<(u32, u64)> = None;
-                // Cards in the same state score the same (the first is kept on ties), so the
-                // fragmentation policies evaluate each state once.
-                let dedupe = matches!(gpu_policy, PolicyKind::Fgd | PolicyKind::Mosaic);
-                let mut seen: [(u32, u64, u64); 16] = [(0, 0, 0); 16];
-                let mut n_seen = 0;
-                for (i, c) in node.cards.iter().enumerate() {
-                    if !c.offers_compute() || !model_ok(i) {
-                        continue;
-                    }
-                    let mem = memory_mib.unwrap_or(c.memory_mib * u64::from(core) / u64::from(CARD_MILLI));
-                    if c.core_free() < core || c.memory_free() < mem {
-                        if fallback.is_none_or(|f| (c.core_free(), c.memory_free()) > f) {
-                            fallback = Some((c.core_free(), c.memory_free()));
-                        }
-                        continue;
-                    }
-                    if dedupe {
-                        let state = (c.core_free(), c.memory_free(), mem);
-                        if seen[..n_seen].contains(&state) {
-                            continue;
-                        }
-                        if n_seen < seen.len() {
-                            seen[n_seen] = state;
-                            n_seen += 1;
-                        }
-                    }
-                    let s = match gpu_policy {
-                        PolicyKind::Binpack | PolicyKind::Bestfit => {
-                            -(f64::from(c.core_free()) * 1e9 + c.memory_free() as f64) / 1e12
-                        }
-                        PolicyKind::Spread => (f64::from(c.core_free()) * 1e9 + c.memory_free() as f64) / 1e12,
-                        PolicyKind::Random => 0.0,
-                        PolicyKind::Fgd | PolicyKind::Mosaic => {
-                            let pos = self.positions[i];
-                            self.shape.frees[pos] -= core;
-                            let after = self.frag.eval(self.shape.model, cpu_after, &self.shape.frees);
-                            self.shape.frees[pos] += core;
-                            if gpu_policy == PolicyKind::Fgd {
-                                fgd_score(before, after)
-                            } else {
-                                mosaic_card_score(&self.frag, before, after, c.core_free(), core)
-                            }
-                        }
-                    };
-                    match best {
-                        Some((b, _, _)) if s < b => {}
-                        Some((b, _, _)) if s == b => {
-                            // Random picks uniformly among all; the others keep the first.
-                            if gpu_policy == PolicyKind::Random {
-                                ties += 1;
-                                if self.rng.below(ties + 1) == 0 {
-                                    best = Some((s, i, mem));
-                                }
-                            }
-                        }
-                        _ => {
-                            ties = 0;
-                            best = Some((s, i, mem));
-                        }
-                    }
-                }
-                match best {
-                    Some((_, card, memory_mib)) => (SimpleChoice::Share { card, memory_mib }, u64::from(core)),
-                    None => {
-                        let needs = format!(
-                            "needs {}, {}",
-                            fit::pct(core),
-                            memory_mib.map_or_else(|| "memory in proportion".to_string(), fit::gib)
-                        );
-                        return Err(match fallback {
-                            Some((cf, mf)) => {
-                                format!("best card has {} core, {} free; {needs}", fit::pct(cf), fit::gib(mf))
-                            }
-                            None if node.cards.is_empty() => "node has no GPU".into(),
-                            None => "no usable card of an allowed model".into(),
-                        });
-                    }
-                }
-            }
-            Some(CardDemand::Whole { cards, min_memory_mib }) => {
-                let idle = node
-                    .cards
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, c)| {
-                        c.offers_compute()
-                            && model_ok(*i)
-                            && c.is_idle()
-                            && min_memory_mib.is_none_or(|m| c.memory_mib >= m)
-                    })
-                    .count();
-                if idle < *cards as usize {
-                    return Err(if node.cards.is_empty() {
-                        "node has no GPU".into()
-                    } else {
-                        format!("needs {cards} idle whole GPU(s), {idle} idle")
-                    });
-                }
-                // Which idle cards are taken does not change the node's shape.
-                let mut left = *cards;
-                for (i, c) in node.cards.iter().enumerate() {
-                    if left > 0 && c.offers_compute() && model_ok(i) && c.is_idle() {
-                        self.shape.frees[self.positions[i]] = 0;
-                        left -= 1;
-                    }
-                }
-                (SimpleChoice::Whole, u64::from(*cards) * u64::from(CARD_MILLI))
-            }
-            Some(CardDemand::Mig(_)) => unreachable!("MIG pods take the general path"),
-        };
-        if let SimpleChoice::Share { card, .. } = choice {
-            let core = u32::try_from(removed_milli).expect("share is at most one card");
-            self.shape.frees[self.positions[card]] -= core;
-        }
-        let after = NodeAfter {
-            cpu_free: cpu_after,
-            cpu_total: node.cpu_milli,
-            gpu_free: node.gpu_free_milli() - removed_milli,
-            gpu_capacity: node.gpu_capacity_milli(),
-        };
-        let (frag, shape, rng) = (&mut self.frag, &self.shape, &mut self.rng);
-        let score = node_score(
-            node_policy,
-            rng,
-            before,
-            || frag.eval(shape.model, cpu_after, &shape.frees),
-            &after,
-            pod,
-        );
-        Ok((score, Some(choice)))
+        self.evaluator().evaluate(n, pod, allowed)
     }
 
     fn plan_general(
@@ -433,32 +276,7 @@ impl Engine {
         allowed: &[bool],
         gpu_policy: PolicyKind,
     ) -> Result<NodePlan, String> {
-        let node = &self.cluster.nodes[n];
-        let mut chooser = PolicyChooser {
-            policy: gpu_policy,
-            frag: &mut self.frag,
-            rng: &mut self.rng,
-            cpu_after: node.cpu_free().saturating_sub(pod.cpu_milli),
-        };
-        plan_node(node, pod, allowed, &mut chooser)
-    }
-
-    fn score_plan(&mut self, n: usize, pod: &PodDemand, usage: &PodUsage, node_policy: PolicyKind) -> f64 {
-        let before = if matches!(node_policy, PolicyKind::Fgd | PolicyKind::Mosaic) {
-            self.node_fragmentation(n)
-        } else {
-            0.0
-        };
-        let mut after_node = self.cluster.nodes[n].clone();
-        fit::commit(&mut after_node, pod, usage);
-        let after = NodeAfter {
-            cpu_free: after_node.cpu_free(),
-            cpu_total: after_node.cpu_milli,
-            gpu_free: after_node.gpu_free_milli(),
-            gpu_capacity: after_node.gpu_capacity_milli(),
-        };
-        let (frag, rng) = (&mut self.frag, &mut self.rng);
-        node_score(node_policy, rng, before, || frag.of_node(&after_node), &after, pod)
+        self.evaluator().plan_general(n, pod, allowed, gpu_policy)
     }
 
     /// The plan for `pod` on node `n` (card tier only).
@@ -518,47 +336,6 @@ impl Engine {
             vec![ContainerPlacement { container: 0, cards }]
         };
         NodePlan { containers, usage }
-    }
-
-    /// Filters and scores `nodes` for `pod`: per node, its score or why it does not fit.
-    ///
-    /// Each node remembers its verdict for the last pod shape it was asked about until it
-    /// changes (or the workload does): the scheduler asks filter and then prioritize for the
-    /// same pod, and consecutive pods of one workload have the same shape.
-    pub fn evaluate_nodes(&mut self, pod: &PodDemand, nodes: &[usize]) -> Vec<(usize, Result<f64, String>)> {
-        let allowed = self.cluster.allowed_models(pod.gpu_models.as_deref());
-        let (node_policy, gpu_policy) = self.policies(pod);
-        let deterministic = node_policy != PolicyKind::Random && gpu_policy != PolicyKind::Random;
-        let key = {
-            use std::hash::BuildHasher as _;
-            rustc_hash::FxBuildHasher.hash_one(pod)
-        };
-        if self.score_memo.len() < self.cluster.nodes.len() {
-            self.score_memo.resize(self.cluster.nodes.len(), None);
-            self.node_frag.resize(self.cluster.nodes.len(), None);
-        }
-        let shared = std::sync::Arc::new(pod.clone());
-        nodes
-            .iter()
-            .map(|&n| {
-                if deterministic
-                    && let Some(m) = &self.score_memo[n]
-                    && m.key == key
-                    && *m.pod == *pod
-                {
-                    return (n, m.verdict.clone());
-                }
-                let verdict = self.evaluate(n, pod, &allowed).map(|(s, _)| s);
-                if deterministic {
-                    self.score_memo[n] = Some(ScoreMemo {
-                        key,
-                        pod: shared.clone(),
-                        verdict: verdict.clone(),
-                    });
-                }
-                (n, verdict)
-            })
-            .collect()
     }
 
     /// Picks the best node for `pod` (ties: the first in scan order) and plans it. Does not

@@ -411,7 +411,7 @@ fn a_pod_can_require_enforced_shares() {
     assert_eq!(p.node, 1);
     let verdicts = e.evaluate_nodes(&pod, &[0, 1]);
     assert_eq!(
-        verdicts[0].1.as_ref().unwrap_err(),
+        &**verdicts[0].1.as_ref().unwrap_err(),
         "the pod requires enforced shares; this node's share enforcement is unknown"
     );
     let allowed = e.cluster.allowed_models(None);
@@ -420,4 +420,33 @@ fn a_pod_can_require_enforced_shares() {
     let mut w = whole(100, 1);
     w.share_enforcement = Some(EnforcementRequirement::Any);
     assert!(e.evaluate_nodes(&w, &[0])[0].1.is_ok());
+}
+
+#[test]
+fn parallel_evaluation_gives_the_verdicts_of_one_thread() {
+    for policy in [PolicyKind::Mosaic, PolicyKind::Fgd, PolicyKind::Binpack] {
+        let fixtures: Vec<&str> = (0..240).map(|i| ["h100x8", "t4x2", "a100-mig"][i % 3]).collect();
+        let mut e = engine(policy, &fixtures);
+        // Partly fill the cluster so that nodes differ.
+        for i in 0..400u32 {
+            let p = share(1000, 100 + (i * 37) % 700, None);
+            if let Ok(pl) = e.schedule(&p) {
+                e.commit(&p, &pl);
+            }
+        }
+        let nodes: Vec<usize> = (0..e.cluster.nodes.len()).collect();
+        for pod in [share(1000, 250, Some(4 << 10)), whole(1000, 2), share(1000, 900, None)] {
+            let (mut one, mut four) = (e.clone(), e.clone());
+            let a = one.evaluate_nodes_on(&pod, &nodes, 1);
+            let b = four.evaluate_nodes_on(&pod, &nodes, 4);
+            assert_eq!(a, b, "{policy}");
+            assert!(
+                a.iter().any(|(_, v)| v.is_ok()) && a.iter().any(|(_, v)| v.is_err()),
+                "{policy}"
+            );
+            // Remembered verdicts are the same again, and node fragmentation was kept.
+            assert_eq!(four.evaluate_nodes_on(&pod, &nodes, 4), a);
+            assert_eq!(four.node_frag, one.node_frag, "{policy}");
+        }
+    }
 }

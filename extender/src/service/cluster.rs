@@ -3,8 +3,8 @@
 //! every decision is the engine's.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tessera_core::handoff::{Allocation, SigningKeys};
@@ -16,7 +16,7 @@ use tessera_core::quantity::Amount;
 use tessera_core::request::{PodRequest, RequestOptions};
 use tracing::{debug, warn};
 
-use super::wire::{HostPriority, MAX_PRIORITY, MetaVictims};
+use super::wire::{HostScore, MAX_PRIORITY, MetaVictims};
 
 /// How many observed pods between refreshes of the target workload.
 const WORKLOAD_REFRESH: u64 = 64;
@@ -30,15 +30,15 @@ pub struct PodAsk {
     pub core_limit: Option<u32>,
 }
 
-/// The filter verdict for one pod.
+/// The filter verdict for one pod, naming nodes as the candidates did.
 #[derive(Debug, Default)]
-pub struct FilterOutcome {
+pub struct FilterOutcome<'a> {
     /// Nodes that fit, with the engine's score.
-    pub fits: Vec<(String, f64)>,
-    /// Nodes that do not fit now.
-    pub failed: BTreeMap<String, String>,
-    /// Nodes that cannot take the pod whatever is evicted.
-    pub unresolvable: BTreeMap<String, String>,
+    pub fits: Vec<(&'a str, f64)>,
+    /// Nodes that do not fit now, with why.
+    pub failed: Vec<(&'a str, Arc<str>)>,
+    /// Nodes that cannot take the pod whatever is evicted, with why.
+    pub unresolvable: Vec<(&'a str, Arc<str>)>,
 }
 
 struct Learning {
@@ -255,6 +255,11 @@ impl Cluster {
             }
         };
         let mut l = self.ledger();
+        if allocation.is_none() && !demand.wants_cards() {
+            // Most pods: only their CPU and memory count, kept in a few bytes.
+            l.book_plain(uid, node, demand.cpu_milli, demand.memory_bytes);
+            return;
+        }
         if let Some(b) = l.booking(uid)
             && b.node == node
             && b.allocation == allocation
@@ -300,6 +305,7 @@ impl Cluster {
                 l.unbook(&uid);
             }
         }
+        l.retain_plain(uids);
         self.pods_synced.store(true, Ordering::Release);
         // The running pods seen during the list are the first target workload.
         let mut learning = self.learning.lock().unwrap_or_else(|p| p.into_inner());
@@ -310,41 +316,41 @@ impl Cluster {
     }
 
     /// Filters and scores `candidates` for `ask`.
-    pub fn filter(&self, ask: &PodAsk, candidates: &[&str]) -> FilterOutcome {
+    pub fn filter<'a>(&self, ask: &PodAsk, candidates: &[&'a str]) -> FilterOutcome<'a> {
         let mut out = FilterOutcome::default();
         let not_ready = self.not_ready.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut l = self.ledger();
         let mut positions = Vec::with_capacity(candidates.len());
-        for &name in candidates {
+        let mut names = Vec::with_capacity(candidates.len());
+        let resolved = l.resolve_names(candidates);
+        for (&name, &index) in candidates.iter().zip(resolved.iter()) {
             if ask.demand.wants_cards()
                 && let Some(reason) = not_ready.get(name)
             {
-                out.unresolvable.insert(
-                    name.to_string(),
-                    format!("the node's GPU driver is not ready: {reason}"),
-                );
+                out.unresolvable
+                    .push((name, format!("the node's GPU driver is not ready: {reason}").into()));
                 continue;
             }
-            match l.node_index(name) {
-                Some(i) => positions.push(i),
-                None => {
-                    out.unresolvable
-                        .insert(name.to_string(), "node is not known to the Tessera extender".into());
+            match index {
+                Some(i) => {
+                    positions.push(i);
+                    names.push(name);
                 }
+                None => out
+                    .unresolvable
+                    .push((name, Arc::from("node is not known to the Tessera extender"))),
             }
         }
         let allowed = l.cluster().allowed_models(ask.demand.gpu_models.as_deref());
-        for (i, verdict) in l.engine().evaluate_nodes(&ask.demand, &positions) {
-            let node = &l.cluster().nodes[i];
+        let verdicts = l.engine().evaluate_nodes(&ask.demand, &positions);
+        for ((i, verdict), name) in verdicts.into_iter().zip(names) {
             match verdict {
-                Ok(score) => out.fits.push((node.name.clone(), score)),
+                Ok(score) => out.fits.push((name, score)),
                 // Preemption can only help where the pod could ever fit.
-                Err(reason) if node.could_take(&ask.demand, &allowed) => {
-                    out.failed.insert(node.name.clone(), reason);
+                Err(reason) if l.cluster().nodes[i].could_take(&ask.demand, &allowed) => {
+                    out.failed.push((name, reason))
                 }
-                Err(reason) => {
-                    out.unresolvable.insert(node.name.clone(), reason);
-                }
+                Err(reason) => out.unresolvable.push((name, reason)),
             }
         }
         out
@@ -437,21 +443,21 @@ impl Cluster {
 
 /// Scales engine scores to the extender's 0..=10: the best node gets 10, the worst 0, the
 /// rest in proportion (all 10 when they tie).
-pub fn scale_scores(fits: Vec<(String, f64)>) -> Vec<HostPriority> {
+pub fn scale_scores<'a>(fits: &[(&'a str, f64)]) -> Vec<HostScore<'a>> {
     let (lo, hi) = fits
         .iter()
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), (_, s)| {
             (lo.min(*s), hi.max(*s))
         });
     let tie = hi - lo <= f64::EPSILON * hi.abs().max(1.0);
-    fits.into_iter()
-        .map(|(host, s)| {
+    fits.iter()
+        .map(|&(host, s)| {
             let score = if tie {
                 MAX_PRIORITY
             } else {
                 ((s - lo) / (hi - lo) * MAX_PRIORITY as f64).round() as i64
             };
-            HostPriority {
+            HostScore {
                 host,
                 score: score.clamp(0, MAX_PRIORITY),
             }
@@ -464,7 +470,7 @@ mod tests {
     use super::*;
 
     fn scaled(v: &[f64]) -> Vec<i64> {
-        scale_scores(v.iter().enumerate().map(|(i, s)| (format!("n{i}"), *s)).collect())
+        scale_scores(&v.iter().map(|s| ("n", *s)).collect::<Vec<_>>())
             .into_iter()
             .map(|h| h.score)
             .collect()

@@ -12,15 +12,14 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use super::Service;
 use super::bind::{self, BindError};
 use super::cluster::scale_scores;
 use super::wire::{
-    ErrorReply, ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, ExtenderPreemptionArgs,
-    ExtenderPreemptionResult, HostPriority, NodeList,
+    ErrorReply, ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderPreemptionArgs,
+    ExtenderPreemptionResult, FilterReply, HostScore, NodeList,
 };
 
 type Shared = Arc<Service>;
@@ -34,10 +33,19 @@ fn error(status: StatusCode, msg: impl Into<String>) -> Response {
     json(status, &ErrorReply { error: msg.into() })
 }
 
-/// Parses a body; on failure the status (400 or 413) and message for a JSON error.
-fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, (StatusCode, String)> {
-    let body = body.map_err(|r| (r.status(), r.body_text()))?;
-    serde_json::from_slice(&body).map_err(|e| (StatusCode::BAD_REQUEST, format!("malformed request: {e}")))
+/// The body, or the status (413 when too large) and message for a JSON error.
+fn body_of(body: Result<Bytes, BytesRejection>) -> Result<Bytes, (StatusCode, String)> {
+    body.map_err(|r| (r.status(), r.body_text()))
+}
+
+/// Parses a body (borrowing from it where the type does); on failure a 400 and the message.
+fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, (StatusCode, String)> {
+    serde_json::from_slice(body).map_err(|e| (StatusCode::BAD_REQUEST, format!("malformed request: {e}")))
+}
+
+/// Parses a body into an owned value.
+fn parse_owned<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, (StatusCode, String)> {
+    parse(&body_of(body)?)
 }
 
 /// The router for `svc`, verbs under `prefix` (e.g. `/tessera`).
@@ -101,18 +109,18 @@ fn timed(svc: &Service, verb: &'static str, start: Instant, r: Response) -> Resp
 }
 
 /// The filter verdict, in the shape the request came in.
-pub fn filter_reply(svc: &Service, args: &ExtenderArgs) -> ExtenderFilterResult {
+pub fn filter_reply<'a>(svc: &Service, args: &'a ExtenderArgs<'_>) -> FilterReply<'a> {
     let candidates = args.candidates();
-    let mut reply = ExtenderFilterResult::default();
-    let fitting: Vec<String> = match svc.cluster.ask(&args.pod) {
+    let mut reply = FilterReply::default();
+    let fitting: Vec<&str> = match svc.cluster.ask(&args.pod) {
         Err(e) => {
             // Never schedulable as written: say why on every node.
-            let msg = format!("invalid Tessera request: {e}");
-            reply.failed_and_unresolvable_nodes = candidates.iter().map(|n| (n.to_string(), msg.clone())).collect();
+            let msg: Arc<str> = format!("invalid Tessera request: {e}").into();
+            reply.failed_and_unresolvable_nodes = candidates.iter().map(|&n| (n, msg.clone())).collect();
             Vec::new()
         }
         // Not ours: pass every node through without touching the ledger.
-        Ok(ask) if !ask.demand.wants_cards() => candidates.iter().map(|n| n.to_string()).collect(),
+        Ok(ask) if !ask.demand.wants_cards() => candidates,
         Ok(_) if !svc.cluster.synced() => {
             reply.error = "the Tessera extender is still reading the cluster".into();
             return reply;
@@ -126,7 +134,7 @@ pub fn filter_reply(svc: &Service, args: &ExtenderArgs) -> ExtenderFilterResult 
     };
     match &args.nodes {
         Some(list) if args.node_names.is_none() => {
-            let keep: std::collections::HashSet<&str> = fitting.iter().map(String::as_str).collect();
+            let keep: std::collections::HashSet<&str> = fitting.into_iter().collect();
             reply.nodes = Some(NodeList {
                 metadata: list.metadata.clone(),
                 items: list
@@ -144,36 +152,42 @@ pub fn filter_reply(svc: &Service, args: &ExtenderArgs) -> ExtenderFilterResult 
 
 async fn filter(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
     let start = Instant::now();
-    let r = match parse::<ExtenderArgs>(body) {
+    let r = match body_of(body) {
         Err((status, msg)) => error(status, msg),
-        Ok(args) => json(StatusCode::OK, &filter_reply(&svc, &args)),
+        Ok(bytes) => match parse::<ExtenderArgs>(&bytes) {
+            Err((status, msg)) => error(status, msg),
+            Ok(args) => json(StatusCode::OK, &filter_reply(&svc, &args)),
+        },
     };
     timed(&svc, "filter", start, r)
 }
 
 /// The prioritize scores (0..=10) of the nodes that fit.
-pub fn prioritize_reply(svc: &Service, args: &ExtenderArgs) -> Vec<HostPriority> {
+pub fn prioritize_reply<'a>(svc: &Service, args: &'a ExtenderArgs<'_>) -> Vec<HostScore<'a>> {
     let ask = match svc.cluster.ask(&args.pod) {
         Ok(a) if a.demand.wants_cards() && svc.cluster.synced() => a,
         // Not ours, invalid or not ready: no opinion.
         _ => return Vec::new(),
     };
     let out = svc.cluster.filter(&ask, &args.candidates());
-    scale_scores(out.fits)
+    scale_scores(&out.fits)
 }
 
 async fn prioritize(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
     let start = Instant::now();
-    let r = match parse::<ExtenderArgs>(body) {
+    let r = match body_of(body) {
         Err((status, msg)) => error(status, msg),
-        Ok(args) => json(StatusCode::OK, &prioritize_reply(&svc, &args)),
+        Ok(bytes) => match parse::<ExtenderArgs>(&bytes) {
+            Err((status, msg)) => error(status, msg),
+            Ok(args) => json(StatusCode::OK, &prioritize_reply(&svc, &args)),
+        },
     };
     timed(&svc, "prioritize", start, r)
 }
 
 async fn bind(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
     let start = Instant::now();
-    let r = match parse::<ExtenderBindingArgs>(body) {
+    let r = match parse_owned::<ExtenderBindingArgs>(body) {
         Err((status, msg)) => error(status, msg),
         // Run to completion even if the scheduler gives up and closes the connection: a bind
         // dropped between reserving and releasing would leak its reservation.
@@ -202,7 +216,7 @@ async fn bind(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) ->
 
 async fn preempt(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
     let start = Instant::now();
-    let r = match parse::<ExtenderPreemptionArgs>(body) {
+    let r = match parse_owned::<ExtenderPreemptionArgs>(body) {
         Err((status, msg)) => error(status, msg),
         Ok(args) => {
             let candidates = args.candidates();

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod podview;
 pub mod tls;
 pub mod watch;
 pub mod wire;

@@ -6,14 +6,17 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use futures_util::{Stream, StreamExt as _};
-use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
 use kube::runtime::WatchStreamExt as _;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tracing::warn;
 
+use tessera_core::request::is_tessera_pod;
+
 use super::cluster::Cluster;
+use super::podview::PodView;
 
 /// Follows a watch: each object as it is applied, keys as they are deleted, and after each
 /// (re-)list the full set of keys, so that what the list no longer has is dropped.
@@ -34,7 +37,11 @@ async fn follow<K>(
                 keys.extend(key(&o));
                 applied(&o);
             }
-            Ok(Event::InitDone) => listed(&keys),
+            Ok(Event::InitDone) => {
+                listed(&keys);
+                // Only needed during a (re-)list; a big cluster's keys are not kept.
+                keys = HashSet::new();
+            }
             Ok(Event::Apply(o)) => applied(&o),
             Ok(Event::Delete(o)) => {
                 if let Some(k) = key(&o) {
@@ -62,20 +69,49 @@ pub async fn nodes(client: Client, cluster: Arc<Cluster>) {
     .await;
 }
 
-/// Watches pods (by UID) into `writer`'s store and the cluster until the task is dropped.
-pub async fn pods(client: Client, cluster: Arc<Cluster>, writer: reflector::store::Writer<Pod>) {
-    let stream = watcher::watcher(Api::<Pod>::all(client), watcher::Config::default())
+/// Watches pods (by UID) into the cluster, and Tessera's pods (those asking for `tessera.io/`
+/// resources or holding an allocation) into `writer`'s store for bind, until the task is
+/// dropped. Pods are read as [`PodView`]s (the fields decisions use, the rest of the JSON
+/// skipped); every other pod is then counted for its CPU and memory and dropped: it costs the
+/// extender a few bytes, not its spec.
+pub async fn pods(client: Client, cluster: Arc<Cluster>, mut writer: reflector::store::Writer<Pod>) {
+    let stream = watcher::watcher(Api::<PodView>::all(client), watcher::Config::default())
         .default_backoff()
-        .modify(slim_pod);
+        .map(move |ev| {
+            let ev = ev.map(view_event);
+            if let Ok(e) = &ev {
+                match e {
+                    Event::Apply(p) | Event::InitApply(p) if !is_tessera_pod(p) => {
+                        // Not ours (or no longer): nothing of it is kept.
+                        if matches!(e, Event::Apply(_)) && writer.as_reader().get(&ObjectRef::from_obj(p)).is_some() {
+                            writer.apply_watcher_event(&Event::Delete(p.clone()));
+                        }
+                    }
+                    _ => writer.apply_watcher_event(e),
+                }
+            }
+            ev
+        });
     follow(
         "pods",
-        reflector::reflector(writer, stream),
+        stream,
         |p: &Pod| p.metadata.uid.clone(),
         |p| cluster.pod_applied(p),
         |uid| cluster.pod_deleted(uid),
         |uids| cluster.pods_listed(uids),
     )
     .await;
+}
+
+/// The same event, its pod converted from the view.
+fn view_event(e: Event<PodView>) -> Event<Pod> {
+    match e {
+        Event::Apply(p) => Event::Apply(p.into()),
+        Event::Delete(p) => Event::Delete(p.into()),
+        Event::Init => Event::Init,
+        Event::InitApply(p) => Event::InitApply(p.into()),
+        Event::InitDone => Event::InitDone,
+    }
 }
 
 /// Keeps only what the extender reads of a node (annotations, unschedulable, allocatable): a
@@ -85,18 +121,6 @@ pub fn slim_node(n: &mut Node) {
     if let Some(s) = n.status.as_mut() {
         *s = NodeStatus {
             allocatable: s.allocatable.take(),
-            ..Default::default()
-        };
-    }
-}
-
-/// Keeps only what the extender reads of a pod (metadata, spec, phase): every pod of the
-/// cluster is held in memory.
-pub fn slim_pod(p: &mut Pod) {
-    p.metadata.managed_fields = None;
-    if let Some(s) = p.status.as_mut() {
-        *s = PodStatus {
-            phase: s.phase.take(),
             ..Default::default()
         };
     }
@@ -112,22 +136,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slimming_keeps_what_the_extender_reads() {
-        let mut p: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "p", "uid": "u", "annotations": {"tessera.io/allocation": "x"},
-                         "managedFields": [{"manager": "kubectl"}]},
-            "spec": {"nodeName": "n", "containers": [{"name": "c"}]},
-            "status": {"phase": "Running", "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0,
-                        "image": "i", "imageID": ""}]}
-        }))
-        .unwrap();
-        let before = p.clone();
-        slim_pod(&mut p);
-        assert_eq!(p.metadata.annotations, before.metadata.annotations);
-        assert_eq!(p.spec, before.spec);
-        assert_eq!(p.status.as_ref().unwrap().phase.as_deref(), Some("Running"));
-        assert!(p.status.unwrap().container_statuses.is_none() && p.metadata.managed_fields.is_none());
-
+    fn slimming_keeps_what_the_extender_reads_of_a_node() {
         let mut n: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "n", "annotations": {"tessera.io/inventory": "{}"}},
             "spec": {"unschedulable": true},

@@ -2,7 +2,9 @@
 //! (the Go structs have no json tags), embedded objects in ordinary Kubernetes JSON, usually
 //! without `apiVersion`/`kind`. Go decodes keys case-insensitively, so lowerCamel is accepted too.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::{Deserialize, Serialize};
@@ -21,10 +23,11 @@ pub struct NodeList {
     pub items: Vec<Node>,
 }
 
-/// Filter and prioritize request (`ExtenderArgs`).
+/// Filter and prioritize request (`ExtenderArgs`). Node names are borrowed from the request
+/// body: a request names every candidate node, thousands of them.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "PascalCase")]
-pub struct ExtenderArgs {
+pub struct ExtenderArgs<'a> {
     /// The pod being scheduled.
     #[serde(alias = "pod")]
     pub pod: Pod,
@@ -32,15 +35,26 @@ pub struct ExtenderArgs {
     #[serde(default, alias = "nodes")]
     pub nodes: Option<NodeList>,
     /// Candidate node names (when node-cache capable).
-    #[serde(default, alias = "nodeNames", alias = "nodenames")]
-    pub node_names: Option<Vec<String>>,
+    #[serde(default, borrow, alias = "nodeNames", alias = "nodenames")]
+    pub node_names: Option<Vec<NodeName<'a>>>,
 }
 
-impl ExtenderArgs {
+/// A node name in a request, borrowed from the body unless it had to be unescaped.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct NodeName<'a>(#[serde(borrow)] pub Cow<'a, str>);
+
+impl AsRef<str> for NodeName<'_> {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl ExtenderArgs<'_> {
     /// The candidate names, from whichever form was sent.
     pub fn candidates(&self) -> Vec<&str> {
         if let Some(names) = &self.node_names {
-            return names.iter().map(String::as_str).collect();
+            return names.iter().map(|n| n.as_ref()).collect();
         }
         self.nodes
             .iter()
@@ -48,6 +62,39 @@ impl ExtenderArgs {
             .filter_map(|n| n.metadata.name.as_deref())
             .collect()
     }
+}
+
+/// A filter reply as the extender writes it, borrowing node names from the request: the same
+/// JSON as [`ExtenderFilterResult`].
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct FilterReply<'a> {
+    /// Feasible nodes as objects (answering a `Nodes` request).
+    pub nodes: Option<NodeList>,
+    /// Feasible node names (answering a `NodeNames` request).
+    pub node_names: Option<Vec<&'a str>>,
+    /// Nodes that do not fit now, with why (preemption may help).
+    #[serde(serialize_with = "as_map")]
+    pub failed_nodes: Vec<(&'a str, Arc<str>)>,
+    /// Nodes that can never fit this pod (preemption will not help).
+    #[serde(serialize_with = "as_map")]
+    pub failed_and_unresolvable_nodes: Vec<(&'a str, Arc<str>)>,
+    /// A non-empty error fails the whole call.
+    pub error: String,
+}
+
+fn as_map<S: serde::Serializer>(v: &[(&str, Arc<str>)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(v.iter().map(|(k, r)| (k, &**r)))
+}
+
+/// A prioritize entry as the extender writes it (the same JSON as [`HostPriority`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct HostScore<'a> {
+    /// Node name.
+    pub host: &'a str,
+    /// 0..=[`MAX_PRIORITY`].
+    pub score: i64,
 }
 
 /// Filter reply (`ExtenderFilterResult`). Every key is always written; `NodeNames` is an
@@ -194,4 +241,19 @@ pub struct ExtenderPreemptionResult {
 pub struct ErrorReply {
     /// What went wrong.
     pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_are_borrowed_from_the_body_unless_escaped() {
+        let body = br#"{"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["n1", "n\u0032"]}"#;
+        let args: ExtenderArgs = serde_json::from_slice(body).unwrap();
+        let names = args.node_names.as_ref().unwrap();
+        assert!(matches!(names[0].0, Cow::Borrowed("n1")));
+        assert!(matches!(&names[1].0, Cow::Owned(n) if n == "n2"));
+        assert_eq!(args.candidates(), ["n1", "n2"]);
+    }
 }

@@ -1,0 +1,450 @@
+//! Evaluating a pod on one node (the filter verdict and the score) and on many nodes at once,
+//! on several threads when many nodes meet a pod shape for the first time.
+
+use std::sync::{Arc, OnceLock};
+
+use super::fit::{NodePlan, PodUsage, check_node_resources, plan_node};
+use super::{
+    CARD_MILLI, CardDemand, ClusterState, Engine, EngineConfig, Fragmentation, NodeAfter, NodeShape, PodDemand,
+    PolicyChooser, Rng, ScoreMemo, ShareEnforcement, SimpleChoice, fgd_score, fit, mosaic_card_score, node_score,
+};
+use crate::policy::PolicyKind;
+
+/// A node's verdict for a pod: its score, or why the pod does not fit.
+pub type Verdict = Result<f64, Arc<str>>;
+
+/// Below this many nodes to evaluate, one thread does it (threads cost more than they save).
+const PARALLEL_MIN_NODES: usize = 512;
+
+/// At most this many threads evaluate one request.
+const MAX_THREADS: usize = 8;
+
+/// One thread's verdicts (by position in the request) and its node fragmentation memo.
+type WorkerResult = (Vec<(usize, Verdict)>, Vec<Option<f64>>);
+
+/// What evaluating a node writes besides its verdict: the fragmentation model (with its memo),
+/// the random source, and scratch space.
+#[derive(Debug, Clone)]
+pub(super) struct Scratch {
+    pub(super) frag: Fragmentation,
+    pub(super) rng: Rng,
+    shape: NodeShape,
+    positions: Vec<usize>,
+}
+
+impl Scratch {
+    pub(super) fn new(frag: Fragmentation, seed: u64) -> Self {
+        Self {
+            frag,
+            rng: Rng::new(seed),
+            shape: NodeShape::default(),
+            positions: Vec::new(),
+        }
+    }
+
+    /// A copy for another thread: the same model with an empty memo (deterministic policies
+    /// only, so the random source is never drawn from).
+    fn fork(&self) -> Self {
+        Self {
+            frag: self.frag.without_memo(),
+            rng: self.rng.clone(),
+            shape: NodeShape::default(),
+            positions: Vec::new(),
+        }
+    }
+}
+
+/// The (node, card) policies that apply to `pod`.
+pub(super) fn policies(config: &EngineConfig, pod: &PodDemand) -> (PolicyKind, PolicyKind) {
+    (
+        pod.node_policy.unwrap_or(config.node_policy),
+        pod.gpu_policy.unwrap_or(config.gpu_policy),
+    )
+}
+
+/// Evaluates pods on the nodes of one cluster state.
+pub(super) struct Evaluator<'a> {
+    pub(super) cluster: &'a ClusterState,
+    pub(super) config: EngineConfig,
+    pub(super) s: &'a mut Scratch,
+    /// Each node's fragmentation now, memoised.
+    pub(super) node_frag: &'a mut [Option<f64>],
+}
+
+impl Evaluator<'_> {
+    fn policies(&self, pod: &PodDemand) -> (PolicyKind, PolicyKind) {
+        policies(&self.config, pod)
+    }
+
+    /// Fragmentation of node `n` now, milli-GPU.
+    pub(super) fn node_fragmentation(&mut self, n: usize) -> f64 {
+        if let Some(f) = self.node_frag[n] {
+            return f;
+        }
+        let f = self.s.frag.of_node(&self.cluster.nodes[n]);
+        self.node_frag[n] = Some(f);
+        f
+    }
+
+    /// Scores `pod` on node `n` (higher is better), or says why it does not fit.
+    pub(super) fn evaluate(
+        &mut self,
+        n: usize,
+        pod: &PodDemand,
+        allowed: &[bool],
+    ) -> Result<(f64, Option<SimpleChoice>), String> {
+        let cluster = self.cluster;
+        let (node_policy, gpu_policy) = self.policies(pod);
+        // MPS nodes keep one user per shared card: the general path's card tier knows that rule.
+        let mps_share = cluster.nodes[n].enforcement == ShareEnforcement::Mps && pod.wants_share();
+        if !Engine::is_simple(pod) || mps_share {
+            let plan = self.plan_general(n, pod, allowed, gpu_policy)?;
+            let score = self.score_plan(n, pod, &plan.usage, node_policy);
+            return Ok((score, None));
+        }
+        let node = &cluster.nodes[n];
+        check_node_resources(node, pod)?;
+        pod.enforcement_ok(node.enforcement)?;
+        let needs_frag = matches!(node_policy, PolicyKind::Fgd | PolicyKind::Mosaic)
+            || matches!(gpu_policy, PolicyKind::Fgd | PolicyKind::Mosaic);
+        let before = if needs_frag { self.node_fragmentation(n) } else { 0.0 };
+        let node = &cluster.nodes[n];
+        self.s.shape.fill(node);
+        self.s.positions.clear();
+        let mut p = 0;
+        for c in &node.cards {
+            self.s.positions.push(p);
+            if c.offers_compute() {
+                p += 1;
+            }
+        }
+        let cpu_after = node.cpu_free() - pod.cpu_milli;
+        let model_ok = |i: usize| allowed.get(usize::from(node.cards[i].model)).copied().unwrap_or(false);
+        let (choice, removed_milli) = match pod.containers.first().map(|c| &c.cards) {
+            None => (SimpleChoice::NoCards, 0u64),
+            Some(CardDemand::Share { core_milli, memory_mib }) => {
+                let core = *core_milli;
+                let mut best: Option<(f64, usize, u64)> = None;
+                let mut ties = 0u64;
+                let mut fallback: Option<(u32, u64)> = None;
+                // Cards in the same state score the same (the first is kept on ties), so the
+                // fragmentation policies evaluate each state once.
+                let dedupe = matches!(gpu_policy, PolicyKind::Fgd | PolicyKind::Mosaic);
+                let mut seen: [(u32, u64, u64); 16] = [(0, 0, 0); 16];
+                let mut n_seen = 0;
+                for (i, c) in node.cards.iter().enumerate() {
+                    if !c.offers_compute() || !model_ok(i) {
+                        continue;
+                    }
+                    let mem = memory_mib.unwrap_or(c.memory_mib * u64::from(core) / u64::from(CARD_MILLI));
+                    if c.core_free() < core || c.memory_free() < mem {
+                        if fallback.is_none_or(|f| (c.core_free(), c.memory_free()) > f) {
+                            fallback = Some((c.core_free(), c.memory_free()));
+                        }
+                        continue;
+                    }
+                    if dedupe {
+                        let state = (c.core_free(), c.memory_free(), mem);
+                        if seen[..n_seen].contains(&state) {
+                            continue;
+                        }
+                        if n_seen < seen.len() {
+                            seen[n_seen] = state;
+                            n_seen += 1;
+                        }
+                    }
+                    let s = match gpu_policy {
+                        PolicyKind::Binpack | PolicyKind::Bestfit => {
+                            -(f64::from(c.core_free()) * 1e9 + c.memory_free() as f64) / 1e12
+                        }
+                        PolicyKind::Spread => (f64::from(c.core_free()) * 1e9 + c.memory_free() as f64) / 1e12,
+                        PolicyKind::Random => 0.0,
+                        PolicyKind::Fgd | PolicyKind::Mosaic => {
+                            let pos = self.s.positions[i];
+                            self.s.shape.frees[pos] -= core;
+                            let after = self.s.frag.eval(self.s.shape.model, cpu_after, &self.s.shape.frees);
+                            self.s.shape.frees[pos] += core;
+                            if gpu_policy == PolicyKind::Fgd {
+                                fgd_score(before, after)
+                            } else {
+                                mosaic_card_score(&self.s.frag, before, after, c.core_free(), core)
+                            }
+                        }
+                    };
+                    match best {
+                        Some((b, _, _)) if s < b => {}
+                        Some((b, _, _)) if s == b => {
+                            // Random picks uniformly among all; the others keep the first.
+                            if gpu_policy == PolicyKind::Random {
+                                ties += 1;
+                                if self.s.rng.below(ties + 1) == 0 {
+                                    best = Some((s, i, mem));
+                                }
+                            }
+                        }
+                        _ => {
+                            ties = 0;
+                            best = Some((s, i, mem));
+                        }
+                    }
+                }
+                match best {
+                    Some((_, card, memory_mib)) => (SimpleChoice::Share { card, memory_mib }, u64::from(core)),
+                    None => {
+                        let needs = format!(
+                            "needs {}, {}",
+                            fit::pct(core),
+                            memory_mib.map_or_else(|| "memory in proportion".to_string(), fit::gib)
+                        );
+                        return Err(match fallback {
+                            Some((cf, mf)) => {
+                                format!("best card has {} core, {} free; {needs}", fit::pct(cf), fit::gib(mf))
+                            }
+                            None if node.cards.is_empty() => "node has no GPU".into(),
+                            None => "no usable card of an allowed model".into(),
+                        });
+                    }
+                }
+            }
+            Some(CardDemand::Whole { cards, min_memory_mib }) => {
+                let idle = node
+                    .cards
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, c)| {
+                        c.offers_compute()
+                            && model_ok(*i)
+                            && c.is_idle()
+                            && min_memory_mib.is_none_or(|m| c.memory_mib >= m)
+                    })
+                    .count();
+                if idle < *cards as usize {
+                    return Err(if node.cards.is_empty() {
+                        "node has no GPU".into()
+                    } else {
+                        format!("needs {cards} idle whole GPU(s), {idle} idle")
+                    });
+                }
+                // Which idle cards are taken does not change the node's shape.
+                let mut left = *cards;
+                for (i, c) in node.cards.iter().enumerate() {
+                    if left > 0 && c.offers_compute() && model_ok(i) && c.is_idle() {
+                        self.s.shape.frees[self.s.positions[i]] = 0;
+                        left -= 1;
+                    }
+                }
+                (SimpleChoice::Whole, u64::from(*cards) * u64::from(CARD_MILLI))
+            }
+            Some(CardDemand::Mig(_)) => unreachable!("MIG pods take the general path"),
+        };
+        if let SimpleChoice::Share { card, .. } = choice {
+            let core = u32::try_from(removed_milli).expect("share is at most one card");
+            self.s.shape.frees[self.s.positions[card]] -= core;
+        }
+        let after = NodeAfter {
+            cpu_free: cpu_after,
+            cpu_total: node.cpu_milli,
+            gpu_free: node.gpu_free_milli() - removed_milli,
+            gpu_capacity: node.gpu_capacity_milli(),
+        };
+        let (frag, shape, rng) = (&mut self.s.frag, &self.s.shape, &mut self.s.rng);
+        let score = node_score(
+            node_policy,
+            rng,
+            before,
+            || frag.eval(shape.model, cpu_after, &shape.frees),
+            &after,
+            pod,
+        );
+        Ok((score, Some(choice)))
+    }
+
+    pub(super) fn plan_general(
+        &mut self,
+        n: usize,
+        pod: &PodDemand,
+        allowed: &[bool],
+        gpu_policy: PolicyKind,
+    ) -> Result<NodePlan, String> {
+        let cluster = self.cluster;
+        let node = &cluster.nodes[n];
+        let mut chooser = PolicyChooser {
+            policy: gpu_policy,
+            frag: &mut self.s.frag,
+            rng: &mut self.s.rng,
+            cpu_after: node.cpu_free().saturating_sub(pod.cpu_milli),
+        };
+        plan_node(node, pod, allowed, &mut chooser)
+    }
+
+    fn score_plan(&mut self, n: usize, pod: &PodDemand, usage: &PodUsage, node_policy: PolicyKind) -> f64 {
+        let cluster = self.cluster;
+        let before = if matches!(node_policy, PolicyKind::Fgd | PolicyKind::Mosaic) {
+            self.node_fragmentation(n)
+        } else {
+            0.0
+        };
+        let mut after_node = cluster.nodes[n].clone();
+        fit::commit(&mut after_node, pod, usage);
+        let after = NodeAfter {
+            cpu_free: after_node.cpu_free(),
+            cpu_total: after_node.cpu_milli,
+            gpu_free: after_node.gpu_free_milli(),
+            gpu_capacity: after_node.gpu_capacity_milli(),
+        };
+        let (frag, rng) = (&mut self.s.frag, &mut self.s.rng);
+        node_score(node_policy, rng, before, || frag.of_node(&after_node), &after, pod)
+    }
+}
+
+/// How many threads to evaluate `misses` nodes on.
+fn threads_for(misses: usize) -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    if misses < PARALLEL_MIN_NODES {
+        return 1;
+    }
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    cores.min(MAX_THREADS).min(misses / (PARALLEL_MIN_NODES / 2)).max(1)
+}
+
+impl Engine {
+    /// Filters and scores `nodes` for `pod`: per node, its score or why it does not fit.
+    ///
+    /// Each node remembers its verdict for the last pod shape it was asked about until it
+    /// changes (or the workload does): the scheduler asks filter and then prioritize for the
+    /// same pod, and consecutive pods of one workload have the same shape. Nodes without a
+    /// remembered verdict are evaluated on several threads when there are many of them and
+    /// the policies are deterministic; the verdicts are the same as on one thread.
+    pub fn evaluate_nodes(&mut self, pod: &PodDemand, nodes: &[usize]) -> Vec<(usize, Verdict)> {
+        let remembered = self.remembered(pod, nodes);
+        let misses = remembered.iter().filter(|v| v.is_none()).count();
+        self.evaluate_rest(pod, nodes, remembered, threads_for(misses))
+    }
+
+    /// The remembered verdict of each of `nodes` for `pod`, where there is one.
+    fn remembered(&mut self, pod: &PodDemand, nodes: &[usize]) -> Vec<Option<Verdict>> {
+        self.grow_memos();
+        let key = memo_key(pod);
+        let (node_policy, gpu_policy) = policies(&self.config, pod);
+        if node_policy == PolicyKind::Random || gpu_policy == PolicyKind::Random {
+            return vec![None; nodes.len()];
+        }
+        // Nodes evaluated together share one copy of the pod: compare it once.
+        let mut same: Option<&Arc<PodDemand>> = None;
+        nodes
+            .iter()
+            .map(|&n| {
+                let m = self.score_memo[n].as_ref().filter(|m| m.key == key)?;
+                if !same.is_some_and(|s| Arc::ptr_eq(s, &m.pod)) {
+                    if *m.pod != *pod {
+                        return None;
+                    }
+                    same = Some(&m.pod);
+                }
+                Some(m.verdict.clone())
+            })
+            .collect()
+    }
+
+    /// [`Engine::evaluate_nodes`] on at most `threads` threads.
+    #[cfg(test)]
+    pub(super) fn evaluate_nodes_on(
+        &mut self,
+        pod: &PodDemand,
+        nodes: &[usize],
+        threads: usize,
+    ) -> Vec<(usize, Verdict)> {
+        let remembered = self.remembered(pod, nodes);
+        self.evaluate_rest(pod, nodes, remembered, threads)
+    }
+
+    /// Evaluates the nodes without a remembered verdict on at most `threads` threads.
+    fn evaluate_rest(
+        &mut self,
+        pod: &PodDemand,
+        nodes: &[usize],
+        mut out: Vec<Option<Verdict>>,
+        threads: usize,
+    ) -> Vec<(usize, Verdict)> {
+        let allowed = self.cluster.allowed_models(pod.gpu_models.as_deref());
+        let (node_policy, gpu_policy) = policies(&self.config, pod);
+        let deterministic = node_policy != PolicyKind::Random && gpu_policy != PolicyKind::Random;
+        let misses: Vec<usize> = (0..nodes.len()).filter(|&i| out[i].is_none()).collect();
+        let threads = if deterministic {
+            threads.clamp(1, misses.len().max(1))
+        } else {
+            1
+        };
+        if threads == 1 {
+            let mut ev = Evaluator {
+                cluster: &self.cluster,
+                config: self.config,
+                s: &mut self.scratch,
+                node_frag: &mut self.node_frag,
+            };
+            for &i in &misses {
+                out[i] = Some(ev.evaluate(nodes[i], pod, &allowed).map(|(s, _)| s).map_err(Arc::from));
+            }
+        } else {
+            let (cluster, config, allowed) = (&self.cluster, self.config, &allowed);
+            let (scratch, node_frag) = (&self.scratch, &self.node_frag);
+            let parts: Vec<WorkerResult> = std::thread::scope(|scope| {
+                let handles: Vec<_> = misses
+                    .chunks(misses.len().div_ceil(threads))
+                    .map(|part| {
+                        let (mut s, mut nf) = (scratch.fork(), node_frag.clone());
+                        scope.spawn(move || {
+                            let mut ev = Evaluator {
+                                cluster,
+                                config,
+                                s: &mut s,
+                                node_frag: &mut nf,
+                            };
+                            let verdicts = part
+                                .iter()
+                                .map(|&i| {
+                                    (
+                                        i,
+                                        ev.evaluate(nodes[i], pod, allowed).map(|(s, _)| s).map_err(Arc::from),
+                                    )
+                                })
+                                .collect();
+                            (verdicts, nf)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("an evaluation thread panicked"))
+                    .collect()
+            });
+            for (verdicts, nf) in parts {
+                for (i, v) in verdicts {
+                    let n = nodes[i];
+                    self.node_frag[n] = self.node_frag[n].or(nf[n]);
+                    out[i] = Some(v);
+                }
+            }
+        }
+        if deterministic && !misses.is_empty() {
+            let (key, shared) = (memo_key(pod), Arc::new(pod.clone()));
+            for &i in &misses {
+                self.score_memo[nodes[i]] = Some(ScoreMemo {
+                    key,
+                    pod: shared.clone(),
+                    verdict: out[i].clone().expect("evaluated"),
+                });
+            }
+        }
+        nodes
+            .iter()
+            .zip(out)
+            .map(|(&n, v)| (n, v.expect("every node has a verdict")))
+            .collect()
+    }
+}
+
+fn memo_key(pod: &PodDemand) -> u64 {
+    use std::hash::BuildHasher as _;
+    rustc_hash::FxBuildHasher.hash_one(pod)
+}
