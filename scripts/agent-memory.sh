@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Idle resident memory of the node agents on the 8-GPU fixture (h100x8), no GPU needed:
 # each release binary is started on its own, left idle for a few seconds, and its VmRSS read
-# from /proc. The NRI plugin needs a runtime's NRI socket to stay up; its figure comes from
-# `cargo bench -p tessera-tests --bench nri_create` set-ups (see the README's Performance).
+# from /proc. The NRI plugin is not measured here: it needs a runtime's NRI socket to stay up.
 # Usage: scripts/agent-memory.sh [seconds idle, default 5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
