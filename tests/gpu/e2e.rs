@@ -367,7 +367,7 @@ fn generate_spec(
         )
     };
     let spec = std::fs::read_to_string(c.cdi_dir().join("tessera.io-gpu.json")).unwrap_or_default();
-    let libcuda = spec.contains("/usr/local/nvidia/lib64/libcuda.so.1");
+    let libcuda = mounts_libcuda(&spec);
     let mps_edits = spec.contains("CUDA_MPS_PIPE_DIRECTORY=");
     let driver = Command::new(&generator).arg("driver").output()?;
     let root = String::from_utf8_lossy(&driver.stdout)
@@ -634,7 +634,7 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
         &[
             "sh",
             "-c",
-            "test -f /usr/bin/nvidia-smi && echo 'GPU 0: (dry run: nvidia-smi mounted)'",
+            "command -v nvidia-smi >/dev/null && echo 'GPU 0: (dry run: nvidia-smi mounted)'",
         ]
     } else {
         &["nvidia-smi", "-L"]
@@ -783,4 +783,26 @@ async fn main() -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// Whether a CDI spec (JSON) gives containers `libcuda.so.1` in `/usr/local/nvidia/lib64`: a
+/// mount of the file itself, or of a driver bundle directory that holds it.
+fn mounts_libcuda(spec: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(spec) else {
+        return false;
+    };
+    let edits = std::iter::once(&v["containerEdits"]).chain(
+        v["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| &d["containerEdits"]),
+    );
+    edits
+        .flat_map(|e| e["mounts"].as_array().into_iter().flatten())
+        .any(|m| match (m["containerPath"].as_str(), m["hostPath"].as_str()) {
+            (Some("/usr/local/nvidia/lib64/libcuda.so.1"), _) => true,
+            (Some("/usr/local/nvidia/lib64"), Some(host)) => Path::new(host).join("libcuda.so.1").exists(),
+            _ => false,
+        })
 }
