@@ -786,7 +786,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// Whether a CDI spec (JSON) gives containers `libcuda.so.1` in `/usr/local/nvidia/lib64`: a
-/// mount of the file itself, or of a driver bundle directory that holds it.
+/// mount of the file itself, or of a driver bundle (mounted at `/usr/local/nvidia`) that holds it.
 fn mounts_libcuda(spec: &str) -> bool {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(spec) else {
         return false;
@@ -802,7 +802,7 @@ fn mounts_libcuda(spec: &str) -> bool {
         .flat_map(|e| e["mounts"].as_array().into_iter().flatten())
         .any(|m| match (m["containerPath"].as_str(), m["hostPath"].as_str()) {
             (Some("/usr/local/nvidia/lib64/libcuda.so.1"), _) => true,
-            (Some("/usr/local/nvidia/lib64"), Some(host)) => Path::new(host).join("libcuda.so.1").exists(),
+            (Some("/usr/local/nvidia"), Some(host)) => Path::new(host).join("lib64/libcuda.so.1").exists(),
             _ => false,
         })
 }
