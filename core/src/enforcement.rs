@@ -212,6 +212,10 @@ pub const HOOK_LIBRARY_IN_CONTAINER: &str = "/usr/local/tessera/lib/libtessera-c
 pub const HOOK_CONFIG_IN_CONTAINER: &str = "/run/tessera/hook/config";
 /// The container's shared accounting directory (writable).
 pub const HOOK_STATE_IN_CONTAINER: &str = "/run/tessera/hook/state";
+/// The card's discovery lock (read-only; the library only `flock`s it), shared by every hooked
+/// container on the card so that their processes create contexts one at a time and each can
+/// tell which host pid is its own.
+pub const HOOK_CARD_LOCK_IN_CONTAINER: &str = "/run/tessera/hook/card.lock";
 
 impl Default for HookLayout {
     fn default() -> Self {
@@ -240,6 +244,11 @@ impl HookLayout {
     /// A container's directory.
     pub fn container_dir(&self, container_id: &str) -> PathBuf {
         self.root.join("containers").join(container_id)
+    }
+
+    /// A card's discovery lock file.
+    pub fn card_lock(&self, uuid: &str) -> PathBuf {
+        self.root.join("cards").join(uuid).join("discovery.lock")
     }
 
     /// Whether the library is installed; the error says what is missing.
@@ -290,9 +299,18 @@ impl HookLayout {
         }
     }
 
-    /// Writes a container's configuration (what the library enforces) and creates its state
-    /// directory; returns the host paths of both.
-    pub fn prepare(&self, container_id: &str, limits: &ShareLimits) -> std::io::Result<(PathBuf, PathBuf)> {
+    /// Writes a container's configuration (what the library enforces), creates its state
+    /// directory and its card's lock; returns their host paths.
+    pub fn prepare(&self, container_id: &str, limits: &ShareLimits) -> std::io::Result<HookFiles> {
+        let card_lock = self.card_lock(&limits.uuid);
+        if let Some(dir) = card_lock.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&card_lock)?;
         let dir = self.container_dir(container_id);
         let state = dir.join("state");
         std::fs::create_dir_all(&state)?;
@@ -306,13 +324,28 @@ impl HookLayout {
         std::fs::write(
             &tmp,
             format!(
-                "# written by tessera-nri-plugin for this container\nuuid={}\nmemory_limit_mib={}\ncore_limit={}\nstate_dir={HOOK_STATE_IN_CONTAINER}\n",
+                "# written by tessera-nri-plugin for this container\nuuid={}\nmemory_limit_mib={}\ncore_limit={}\nstate_dir={HOOK_STATE_IN_CONTAINER}\ncard_lock={HOOK_CARD_LOCK_IN_CONTAINER}\n",
                 limits.uuid, limits.memory_mib, limits.core_limit
             ),
         )?;
         std::fs::rename(&tmp, &config)?;
-        Ok((config, state))
+        Ok(HookFiles {
+            config,
+            state,
+            card_lock,
+        })
     }
+}
+
+/// The host files of one hooked container, each mounted at its `HOOK_*_IN_CONTAINER` path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookFiles {
+    /// The configuration (read-only).
+    pub config: PathBuf,
+    /// The container's accounting directory (writable).
+    pub state: PathBuf,
+    /// The card's discovery lock (read-only).
+    pub card_lock: PathBuf,
 }
 
 /// What a share container is held to.
@@ -428,5 +461,37 @@ mod tests {
         assert!("sometimes".parse::<EnforcementRequirement>().is_err());
         // Published as lowercase; an old node publishes nothing (unknown).
         assert_eq!(serde_json::to_string(&ShareEnforcement::Mps).unwrap(), "\"mps\"");
+    }
+
+    #[test]
+    fn hooked_containers_on_one_card_share_its_lock_and_nothing_else() {
+        let d = tempfile::tempdir().unwrap();
+        let l = HookLayout::new(d.path());
+        let limits = |uuid: &str, core_limit| ShareLimits {
+            uuid: uuid.into(),
+            core_limit,
+            memory_mib: 8192,
+        };
+        let a = l.prepare("a", &limits("GPU-1", 30)).unwrap();
+        let b = l.prepare("b", &limits("GPU-1", 50)).unwrap();
+        let c = l.prepare("c", &limits("GPU-2", 30)).unwrap();
+        assert_eq!(a.card_lock, b.card_lock);
+        assert_ne!(a.card_lock, c.card_lock);
+        assert!(a.card_lock.is_file() && c.card_lock.is_file());
+        assert_ne!(a.state, b.state);
+        let text = std::fs::read_to_string(&b.config).unwrap();
+        for line in [
+            "uuid=GPU-1",
+            "core_limit=50",
+            "memory_limit_mib=8192",
+            "state_dir=/run/tessera/hook/state",
+            "card_lock=/run/tessera/hook/card.lock",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
+        // Preparing again (a retried CreateContainer) keeps the lock file that others hold.
+        std::fs::write(&a.card_lock, "held").unwrap();
+        l.prepare("a", &limits("GPU-1", 30)).unwrap();
+        assert_eq!(std::fs::read_to_string(&a.card_lock).unwrap(), "held");
     }
 }

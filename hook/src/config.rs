@@ -22,6 +22,8 @@ pub struct Config {
     pub core_limit: Option<u32>,
     /// The shared accounting directory (writable by every process of the container).
     pub state_dir: PathBuf,
+    /// The card's discovery lock, shared by every hooked container on the card.
+    pub card_lock: Option<PathBuf>,
 }
 
 impl Config {
@@ -31,6 +33,7 @@ impl Config {
         let mut memory_limit = None;
         let mut core_limit = None;
         let mut state_dir = None;
+        let mut card_lock = None;
         for line in text
             .lines()
             .map(str::trim)
@@ -59,6 +62,7 @@ impl Config {
                     )
                 }
                 "state_dir" => state_dir = Some(PathBuf::from(v)),
+                "card_lock" => card_lock = Some(PathBuf::from(v)),
                 // Informational keys (pod, container) and keys of newer plugins.
                 _ => {}
             }
@@ -72,6 +76,7 @@ impl Config {
             memory_limit,
             core_limit,
             state_dir: state_dir.unwrap_or_else(|| DEFAULT_STATE_DIR.into()),
+            card_lock,
         })
     }
 
@@ -111,6 +116,14 @@ mod tests {
         assert_eq!(c.memory_limit, Some(8 << 30));
         assert_eq!(c.throttle(), Some(30));
         assert_eq!(c.state_dir, Path::new(DEFAULT_STATE_DIR));
+        assert_eq!(c.card_lock, None);
+        assert_eq!(
+            Config::parse("uuid=GPU-1\ncard_lock=/run/tessera/hook/card.lock")
+                .unwrap()
+                .card_lock
+                .as_deref(),
+            Some(Path::new("/run/tessera/hook/card.lock"))
+        );
         assert_eq!(
             Config::parse("uuid=GPU-1\ncore_limit=0").unwrap_err(),
             "core_limit=\"0\" is not a percent in 1..=100"

@@ -1,20 +1,26 @@
 //! Finding this process's host pid (NVML reports host pids; the container has its own
 //! namespace): the card's compute processes are listed before and after this process creates
-//! its context, and the one that appeared is this process. The container's processes take turns
-//! (a lock file in the shared state directory); when another container's process appears at the
-//! same moment the answer is ambiguous and none is recorded (utilization is then taken for the
-//! whole card).
+//! its context, and the one that appeared is this process. Processes take turns: those of the
+//! container on a lock file in its state directory, then every hooked process on the card on the
+//! card's lock file (mounted read-only into each share container by the NRI plugin). The card
+//! lock is waited for at most [`CARD_WAIT`], so a container that holds it forever cannot stall
+//! another's start; when two processes still appear at once the answer is ambiguous and none is
+//! recorded (utilization is then taken for the whole card, an over-estimate).
 
 use std::fs::File;
 use std::os::fd::AsRawFd as _;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-/// An exclusive lock on the container's discovery file, released on drop.
+/// The longest a context creation waits for another container's discovery on the card.
+pub const CARD_WAIT: Duration = Duration::from_secs(5);
+
+/// An exclusive lock on a discovery file, released on drop.
 pub struct Lock(File);
 
 impl Lock {
-    /// Takes the lock (waits for another process of the container).
-    pub fn take(dir: &Path) -> Option<Self> {
+    /// Takes the container's lock (waits for another process of the container).
+    pub fn container(dir: &Path) -> Option<Self> {
         let f = File::options()
             .create(true)
             .truncate(false)
@@ -23,6 +29,23 @@ impl Lock {
             .ok()?;
         // SAFETY: a valid descriptor.
         (unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0).then_some(Self(f))
+    }
+
+    /// Takes the card's lock (an existing file, opened read-only: flock needs no write access),
+    /// waiting at most `wait`.
+    pub fn card(path: &Path, wait: Duration) -> Option<Self> {
+        let f = File::open(path).ok()?;
+        let deadline = Instant::now() + wait;
+        loop {
+            // SAFETY: a valid descriptor.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Some(Self(f));
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
@@ -53,5 +76,19 @@ mod tests {
         assert_eq!(newcomer(&[1], &[1]), None);
         assert_eq!(newcomer(&[1], &[1, 7, 8]), None, "two at once: ambiguous");
         assert_eq!(newcomer(&[1, 2], &[7]), Some(7), "others leaving does not matter");
+    }
+
+    #[test]
+    fn the_card_lock_is_exclusive_and_its_wait_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("discovery.lock");
+        std::fs::write(&path, "").unwrap();
+        let held = Lock::card(&path, Duration::ZERO).expect("free lock");
+        let t = Instant::now();
+        assert!(Lock::card(&path, Duration::from_millis(50)).is_none(), "held elsewhere");
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        drop(held);
+        assert!(Lock::card(&path, Duration::ZERO).is_some(), "released on drop");
+        assert!(Lock::card(&dir.path().join("missing"), Duration::ZERO).is_none());
     }
 }

@@ -579,12 +579,17 @@ graph_launch!(cuGraphLaunch, GRAPH_LAUNCH);
 graph_launch!(cuGraphLaunch_ptsz, GRAPH_LAUNCH_PTSZ);
 
 /// Creates a context while watching which process appears on the card: that one is us (our
-/// host pid, for per-process utilization). Within the container, one process at a time.
+/// host pid, for per-process utilization). One process at a time within the container, and
+/// within the card where the plugin gave the card's lock.
 fn with_discovery(h: Option<&'static Hook>, make: impl FnOnce() -> CuResult) -> CuResult {
     let Some(h) = h.filter(|h| protect(false, || h.needs_host_pid())) else {
         return make();
     };
-    let _lock = protect(None, || crate::discover::Lock::take(&h.config.state_dir));
+    let _lock = protect(None, || crate::discover::Lock::container(&h.config.state_dir));
+    let _card = protect(None, || {
+        let path = h.config.card_lock.as_deref()?;
+        crate::discover::Lock::card(path, crate::discover::CARD_WAIT)
+    });
     let before = protect(None, || h.with_nvml(|n| n.compute_pids()).flatten());
     let r = make();
     if r == CUDA_SUCCESS

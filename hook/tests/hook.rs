@@ -47,18 +47,23 @@ impl Container {
 
     fn command(&self, client: &str, args: &[&str]) -> Command {
         let b = built();
+        let gpu = self.gpu.clone().unwrap_or_else(|| self.dir.path().join("gpu"));
         let mut cmd = Command::new(b.lib_dir.join(client));
         cmd.args(args)
             .env("LD_LIBRARY_PATH", &b.lib_dir)
-            .env(
-                "FAKE_GPU_STATE",
-                self.gpu.clone().unwrap_or_else(|| self.dir.path().join("gpu")),
-            )
+            .env("FAKE_GPU_STATE", &gpu)
             .env("FAKE_GPU_MEMORY_MIB", GPU_MIB.to_string())
             .env("LD_PRELOAD", hook_lib());
         if let Some(c) = &self.config {
             let path = self.dir.path().join("config");
-            let c = format!("{c}state_dir={}\n", self.dir.path().join("state").display());
+            // As the NRI plugin does: every hooked container on a card gets the card's lock.
+            let card_lock = gpu.with_extension("lock");
+            std::fs::write(&card_lock, "").unwrap();
+            let c = format!(
+                "{c}state_dir={}\ncard_lock={}\n",
+                self.dir.path().join("state").display(),
+                card_lock.display()
+            );
             std::fs::write(&path, c).unwrap();
             cmd.env("TESSERA_HOOK_CONFIG", path);
         }
@@ -233,13 +238,15 @@ fn two_processes_of_a_share_together_stay_near_it() {
 /// Two containers with different shares on one card: each measures its own processes'
 /// utilization (its host pids, found when its context was created), not the card's, so each
 /// settles at its own share. Taking the card's utilization instead would have both chase the
-/// sum.
+/// sum. Both start at once and context creation is slow (as on a real GPU), so without the
+/// card's discovery lock both would see two newcomers and neither would know its pid.
 #[test]
 fn two_containers_on_one_card_each_get_their_own_share() {
     let a = Container::limited(4096, Some(25));
     let b = Container::limited(4096, Some(50)).beside(&a);
     let run = |c: &Container| {
         c.command("client_dl", &["launch", "6000", "100"])
+            .env("FAKE_CTX_DELAY_MS", "200")
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap()

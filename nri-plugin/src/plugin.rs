@@ -8,7 +8,8 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use tessera_core::enforcement::{
-    HOOK_CONFIG_IN_CONTAINER, HOOK_STATE_IN_CONTAINER, HookLayout, MpsLayout, ShareEnforcement,
+    HOOK_CARD_LOCK_IN_CONTAINER, HOOK_CONFIG_IN_CONTAINER, HOOK_STATE_IN_CONTAINER, HookLayout, MpsLayout,
+    ShareEnforcement,
 };
 use tessera_core::handoff::{HandoffError, SigningKeys};
 use tessera_core::injection::{self, ANNOTATION_INJECTED, Injection, NodeContext};
@@ -199,15 +200,19 @@ impl TesseraPlugin {
                     && let Some(limits) = &grant.share
                 {
                     // The container's limits, read-only, and the accounting its processes share.
-                    let (config, state) = self.config.hook.prepare(&container.id, limits).map_err(|e| {
+                    let files = self.config.hook.prepare(&container.id, limits).map_err(|e| {
                         format!(
                             "container {:?}: cannot write its CUDA hook configuration under {}: {e}",
                             container.name,
                             self.config.hook.root.display()
                         )
                     })?;
-                    adj.mounts.push(adjust::bind(&config, HOOK_CONFIG_IN_CONTAINER, true));
-                    adj.mounts.push(adjust::bind(&state, HOOK_STATE_IN_CONTAINER, false));
+                    adj.mounts
+                        .push(adjust::bind(&files.config, HOOK_CONFIG_IN_CONTAINER, true));
+                    adj.mounts
+                        .push(adjust::bind(&files.state, HOOK_STATE_IN_CONTAINER, false));
+                    adj.mounts
+                        .push(adjust::bind(&files.card_lock, HOOK_CARD_LOCK_IN_CONTAINER, true));
                 }
                 Ok(adj)
             }

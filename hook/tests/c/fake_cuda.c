@@ -2,7 +2,7 @@
  * the real ones' signatures, over the fake GPU of fake_gpu.h. Memory: $FAKE_GPU_MEMORY_MIB
  * (default 16384). A kernel costs $FAKE_NS_PER_BLOCK ns per block of its grid (default 1000)
  * on the shared timeline; launches block while more than 2 ms of work is queued, as a full
- * GPU queue does. cuGetProcAddress answers with the versioned functions, as the driver does. */
+ * GPU queue does. Context creation takes $FAKE_CTX_DELAY_MS. cuGetProcAddress answers with the versioned functions, as the driver does. */
 #include <string.h>
 #include "fake_gpu.h"
 
@@ -88,11 +88,21 @@ static uint64_t grid(unsigned x, unsigned y, unsigned z) {
 
 CUresult cuInit(unsigned flags) { (void)flags; (void)dummy_tls; return OK; }
 CUresult cuDeviceGet(int *dev, int ordinal) { *dev = ordinal; return OK; }
+/* Creating a context takes $FAKE_CTX_DELAY_MS (default 0); the process shows on the card
+ * half way through, as on a real GPU. */
+static void ctx_delay(void) {
+    const char *d = getenv("FAKE_CTX_DELAY_MS");
+    long ms = d ? atol(d) / 2 : 0;
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    if (ms > 0) nanosleep(&t, NULL);
+}
 static CUresult ctx(H *c) {
     struct fake_gpu *g = fake_gpu();
+    ctx_delay();
     fake_lock(g);
     fake_proc(g, (uint32_t)getpid());
     fake_unlock(g);
+    ctx_delay();
     *c = (H)0x1;
     return OK;
 }
