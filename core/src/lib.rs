@@ -1,5 +1,5 @@
 //! Tessera's one shared model: what pods ask for ([`request`]), what nodes have
-//! ([`inventory`], [`driver`]), what the extender decided ([`handoff`]) and how it decides ([`placement`]).
+//! ([`inventory`], [`driver`], [`topology`]), what the extender decided ([`handoff`]) and how it decides ([`placement`]).
 
 pub mod cdi;
 pub mod driver;
@@ -14,3 +14,4 @@ pub mod placement;
 pub mod policy;
 pub mod quantity;
 pub mod request;
+pub mod topology;

@@ -20,6 +20,9 @@ pub const ANNOTATION_ALLOCATION_SIGNATURE: &str = "tessera.io/allocation-signatu
 pub const ANNOTATION_INVENTORY: &str = "tessera.io/inventory";
 /// Pod annotation: allowed GPU models, `|`-separated.
 pub const ANNOTATION_GPU_MODEL: &str = "tessera.io/gpu-model";
+/// Pod annotation: how well each container's whole cards must be connected (`nvlink`,
+/// `pcie-switch` or `numa`); without it the best-connected set is preferred, not required.
+pub const ANNOTATION_GPU_LINK: &str = "tessera.io/gpu-link";
 /// Pod annotation: hard compute ceiling in percent for shares.
 pub const ANNOTATION_CORE_LIMIT: &str = "tessera.io/core-limit";
 /// Pod annotation: the share enforcement the pod requires of its node (`required`, `mps`).

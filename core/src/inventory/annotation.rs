@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Gpu, InventoryError, NodeInventory};
 use crate::enforcement::ShareEnforcement;
+use crate::topology::GpuTopology;
 
 /// Current version of the published inventory format.
 pub const INVENTORY_VERSION: u32 = 1;
@@ -24,6 +25,14 @@ pub struct PublishedInventory {
     /// How the node holds shares to their limits (`unknown` for nodes that do not say).
     #[serde(default)]
     pub share_enforcement: ShareEnforcement,
+    /// How the GPUs are connected (row i = `gpus[i]`); one of a version this build cannot read
+    /// is taken as absent, not as a broken inventory.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::topology::deserialize_lenient"
+    )]
+    pub topology: Option<GpuTopology>,
 }
 
 impl PublishedInventory {
@@ -35,6 +44,7 @@ impl PublishedInventory {
             gpus: inventory.gpus.clone(),
             not_ready: inventory.driver_check().err(),
             share_enforcement: ShareEnforcement::Unknown,
+            topology: inventory.topology.clone(),
         }
     }
 

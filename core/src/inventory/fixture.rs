@@ -11,9 +11,10 @@
 //!   gpu0/gi2/ci0/access 22
 //! gpus:
 //!   - { index: 0, minor: 0, uuid: GPU-..., model: NVIDIA A100-SXM4-40GB, memory_mib: 40960,
-//!       numa_node: 0, pci_bus_id: "0000:07:00.0", mig_enabled: true,
+//!       numa_node: 0, cpu_affinity: "0-31", pci_bus_id: "0000:07:00.0", mig_enabled: true,
 //!       mig_devices: [ { index: 0, uuid: MIG-..., gi: 2, ci: 0, profile: 3g.20gb, memory_mib: 19968 } ] }
 //! driver_files: { libraries: [...], binaries: [...], firmware: [...], configs: [...], sockets: [...] }
+//! topology: [ "X NV12", "NV12 X" ]  # optional; `nvidia-smi topo -m`'s matrix, row i = GPU i
 //! health_events: [ { uuid: GPU-..., xid: 79 } ]   # injected for device-plugin tests
 //! ```
 
@@ -26,12 +27,22 @@ use super::{
     MigMinors, NodeInventory,
 };
 use crate::mig::MigProfile;
+use crate::topology::GpuTopology;
 
 /// Fixtures compiled into the binaries, by name.
 pub const BUILTIN_FIXTURES: &[(&str, &str)] = &[
     ("h100x8", include_str!("../../fixtures/h100x8.yaml")),
     ("a100-mig", include_str!("../../fixtures/a100-mig.yaml")),
     ("t4x2", include_str!("../../fixtures/t4x2.yaml")),
+    ("h100-nvswitch", include_str!("../../fixtures/h100-nvswitch.yaml")),
+    (
+        "a100-nvlink-pairs",
+        include_str!("../../fixtures/a100-nvlink-pairs.yaml"),
+    ),
+    (
+        "l40s-pcie-switches",
+        include_str!("../../fixtures/l40s-pcie-switches.yaml"),
+    ),
 ];
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -65,6 +76,8 @@ struct FixtureGpu {
     memory_mib: u64,
     #[serde(default)]
     numa_node: Option<u32>,
+    #[serde(default)]
+    cpu_affinity: Option<String>,
     pci_bus_id: String,
     #[serde(default)]
     health: Health,
@@ -116,6 +129,9 @@ pub struct Fixture {
     gpus: Vec<FixtureGpu>,
     #[serde(default)]
     driver_files: FixtureDriverFiles,
+    /// The link matrix as `nvidia-smi topo -m` prints it, one string per GPU in index order.
+    #[serde(default)]
+    topology: Option<Vec<String>>,
     /// Health events to inject, in order.
     #[serde(default)]
     pub health_events: Vec<HealthEvent>,
@@ -190,6 +206,7 @@ impl Fixture {
                 model: g.model.clone(),
                 memory_mib: g.memory_mib,
                 numa_node: g.numa_node,
+                cpu_affinity: g.cpu_affinity.clone(),
                 pci_bus_id: g.pci_bus_id.clone(),
                 health: g.health.clone(),
                 device: char_dev(format!("/dev/nvidia{minor}"), majors.nvidia, minor),
@@ -198,6 +215,16 @@ impl Fixture {
             });
         }
         gpus.sort_by_key(|g| g.index);
+        let topology = self
+            .topology
+            .as_deref()
+            .map(GpuTopology::from_rows)
+            .transpose()
+            .map_err(|reason| InventoryError::Invalid {
+                field: "topology".into(),
+                value: format!("{} rows", self.topology.as_ref().map_or(0, Vec::len)),
+                reason,
+            })?;
         let files = &self.driver_files;
         let mut driver_files: Vec<DriverFile> = [
             (&files.libraries, DriverFileKind::Library),
@@ -233,6 +260,7 @@ impl Fixture {
                 .unwrap_or_else(|| PathBuf::from("/")),
             driver_files,
             driver_error: None,
+            topology,
         };
         inventory.validate()?;
         Ok(inventory)

@@ -9,6 +9,7 @@ mod error;
 mod fixture;
 mod mig_minors;
 mod nvml;
+mod nvml_topology;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::mig::MigProfile;
+use crate::topology::GpuTopology;
 
 pub use crate::driver::{DriverFile, DriverFileKind, FoundBy};
 pub use annotation::{INVENTORY_VERSION, PublishedInventory};
@@ -99,6 +101,9 @@ pub struct Gpu {
     pub memory_mib: u64,
     /// NUMA node, when known.
     pub numa_node: Option<u32>,
+    /// The CPUs close to it, as a Linux CPU list (`0-31,64-95`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_affinity: Option<String>,
     /// PCI bus id (`0000:07:00.0`).
     pub pci_bus_id: String,
     /// Health.
@@ -164,6 +169,9 @@ pub struct NodeInventory {
     /// driver search: no libcuda, a libcuda of another version).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_error: Option<String>,
+    /// How the GPUs are connected (row i = `gpus[i]`), when the source knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<GpuTopology>,
 }
 
 impl NodeInventory {
@@ -275,6 +283,15 @@ impl NodeInventory {
                     ));
                 }
             }
+        }
+        if let Some(t) = &self.topology
+            && t.len() != self.gpus.len()
+        {
+            return Err(invalid(
+                "topology".into(),
+                format!("{} rows", t.len()),
+                &format!("must have one row per GPU ({})", self.gpus.len()),
+            ));
         }
         Ok(())
     }

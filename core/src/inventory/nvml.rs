@@ -344,6 +344,7 @@ impl InventorySource for NvmlSource {
                 model: dev.name().map_err(call("nvmlDeviceGetName"))?,
                 memory_mib,
                 numa_node: dev.numa_node_id().ok(),
+                cpu_affinity: super::nvml_topology::cpu_affinity(&nvml, index),
                 pci_bus_id,
                 health: Health::Healthy,
                 device: device_node(&self.dev_root, &path).unwrap_or(DeviceNode {
@@ -359,7 +360,10 @@ impl InventorySource for NvmlSource {
             .iter()
             .filter_map(|d| device_node(&self.dev_root, &format!("/dev/{d}")))
             .collect();
+        let bus_ids: Vec<String> = gpus.iter().map(|g| g.pci_bus_id.clone()).collect();
+        let topology = super::nvml_topology::discover(&nvml, &bus_ids);
         let inventory = NodeInventory {
+            topology,
             driver_error: driver.check().err().map(|e| e.to_string()),
             driver_files: driver.files,
             driver_version,
