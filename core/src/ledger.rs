@@ -38,6 +38,8 @@ pub struct NodeCapacity {
     pub schedulable: bool,
     /// How the node holds shares to their limits (published with its inventory).
     pub share_enforcement: ShareEnforcement,
+    /// How its GPUs are connected (published with its inventory).
+    pub topology: Option<std::sync::Arc<crate::topology::GpuTopology>>,
 }
 
 /// Whether a booking is confirmed by the API server.
@@ -182,6 +184,7 @@ impl Ledger {
             cards,
             schedulable: capacity.schedulable,
             enforcement: capacity.share_enforcement,
+            topology: capacity.topology.clone(),
         };
         let i = self.engine.cluster.add_node(node);
         self.capacity.insert(name.to_string(), capacity);
@@ -227,6 +230,7 @@ impl Ledger {
                 cards: Vec::new(),
                 schedulable: false,
                 enforcement: Default::default(),
+                topology: None,
             };
             self.engine.node_changed(i);
         }

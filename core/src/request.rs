@@ -18,11 +18,12 @@ use thiserror::Error;
 use crate::enforcement::EnforcementRequirement;
 use crate::mig::MigProfile;
 use crate::names::{
-    ANNOTATION_CORE_LIMIT, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_POLICY, ANNOTATION_NODE_POLICY,
+    ANNOTATION_CORE_LIMIT, ANNOTATION_GPU_LINK, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_POLICY, ANNOTATION_NODE_POLICY,
     ANNOTATION_SHARE_ENFORCEMENT, RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY, is_tessera_resource,
 };
 use crate::policy::PolicyKind;
 use crate::quantity::{Amount, QuantityError};
+use crate::topology::LinkRequirement;
 
 /// MiB in one GiB, the default `tessera.io/gpu-memory` unit.
 pub const DEFAULT_MEMORY_UNIT_MIB: u64 = 1024;
@@ -140,6 +141,9 @@ pub struct PodRequest {
     /// The share enforcement the pod requires of its node.
     #[serde(skip)]
     pub share_enforcement: Option<EnforcementRequirement>,
+    /// How well each container's whole cards must be connected.
+    #[serde(skip)]
+    pub gpu_link: Option<LinkRequirement>,
     /// Pod overhead CPU (RuntimeClass), millicores.
     pub overhead_cpu_milli: u64,
     /// Pod overhead memory, bytes.
@@ -489,6 +493,12 @@ impl PodRequest {
                 }
             }
             req.core_limit = Some(limit);
+        }
+        if let Some(v) = get(ANNOTATION_GPU_LINK) {
+            req.gpu_link = Some(
+                v.parse()
+                    .map_err(|e: String| annotation_error(ANNOTATION_GPU_LINK, v, e))?,
+            );
         }
         if let Some(v) = get(ANNOTATION_SHARE_ENFORCEMENT) {
             req.share_enforcement = Some(

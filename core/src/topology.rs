@@ -381,17 +381,21 @@ fn choose(
             best_any.worst.map_or_else(|| "unknown".to_string(), |l| l.to_string())
         ));
     };
-    // The worst link, when every link of the set is known.
-    let worst = set
-        .iter()
-        .enumerate()
-        .flat_map(|(i, &a)| set[i + 1..].iter().map(move |&b| at(a, b)))
-        .collect::<Option<Vec<Link>>>()
-        .and_then(|ls| ls.into_iter().max_by_key(|l| l.cost()));
+    let worst = worst_link(at, &set);
     Ok(CardSet {
         cards: set.into_iter().map(|i| sorted[i]).collect(),
         worst,
     })
+}
+
+/// The worst link among `cards`, when every link between them is known (`None` for one card).
+pub fn worst_link(link: impl Fn(usize, usize) -> Option<Link> + Copy, cards: &[usize]) -> Option<Link> {
+    cards
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &a)| cards[i + 1..].iter().map(move |&b| link(a, b)))
+        .collect::<Option<Vec<Link>>>()
+        .and_then(|ls| ls.into_iter().max_by_key(|l| l.cost()))
 }
 
 /// Grows a set from each seed, adding the card that keeps the key lowest; the best result.

@@ -16,6 +16,7 @@ fn capacity(fixture: &str) -> NodeCapacity {
         gpus: inv.gpus,
         schedulable: true,
         share_enforcement: Default::default(),
+        topology: inv.topology.map(std::sync::Arc::new),
     }
 }
 

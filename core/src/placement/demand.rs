@@ -4,6 +4,7 @@ use crate::enforcement::{EnforcementRequirement, ShareEnforcement};
 use crate::mig::MigProfile;
 use crate::policy::PolicyKind;
 use crate::request::{ContainerRole, GpuDemand, PodRequest};
+use crate::topology::LinkRequirement;
 
 use super::state::CARD_MILLI;
 
@@ -72,6 +73,9 @@ pub struct PodDemand {
     pub gpu_policy: Option<PolicyKind>,
     /// The share enforcement the pod requires of its node.
     pub share_enforcement: Option<EnforcementRequirement>,
+    /// How well each container's whole cards must be connected (`None`: the best set is
+    /// preferred, any will do).
+    pub gpu_link: Option<LinkRequirement>,
 }
 
 impl PodDemand {
@@ -136,6 +140,7 @@ impl PodDemand {
             node_policy: req.node_policy,
             gpu_policy: req.gpu_policy,
             share_enforcement: req.share_enforcement,
+            gpu_link: req.gpu_link,
         }
     }
 

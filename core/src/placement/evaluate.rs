@@ -9,6 +9,7 @@ use super::{
     PolicyChooser, Rng, ScoreMemo, ShareEnforcement, SimpleChoice, fgd_score, fit, mosaic_card_score, node_score,
 };
 use crate::policy::PolicyKind;
+use crate::topology::{CardSet, Link, worst_link};
 
 /// A node's verdict for a pod: its score, or why the pod does not fit.
 pub type Verdict = Result<f64, Arc<str>>;
@@ -100,7 +101,20 @@ impl Evaluator<'_> {
         if !Engine::is_simple(pod) || mps_share {
             let plan = self.plan_general(n, pod, allowed, gpu_policy)?;
             let score = self.score_plan(n, pod, &plan.usage, node_policy);
-            return Ok((score, None));
+            let node = &cluster.nodes[n];
+            let bonus: f64 = plan
+                .containers
+                .iter()
+                .filter(|c| c.cards.iter().all(|a| a.exclusive && a.mig_slot.is_none()))
+                .map(|c| {
+                    let cards: Vec<usize> = c.cards.iter().map(|a| a.card).collect();
+                    link_bonus(&CardSet {
+                        worst: worst_link(|a, b| node.link(a, b), &cards),
+                        cards,
+                    })
+                })
+                .sum();
+            return Ok((score + bonus, None));
         }
         let node = &cluster.nodes[n];
         check_node_resources(node, pod)?;
@@ -119,6 +133,7 @@ impl Evaluator<'_> {
             }
         }
         let cpu_after = node.cpu_free() - pod.cpu_milli;
+        let mut bonus = 0.0;
         let model_ok = |i: usize| allowed.get(usize::from(node.cards[i].model)).copied().unwrap_or(false);
         let (choice, removed_milli) = match pod.containers.first().map(|c| &c.cards) {
             None => (SimpleChoice::NoCards, 0u64),
@@ -207,7 +222,7 @@ impl Evaluator<'_> {
                 }
             }
             Some(CardDemand::Whole { cards, min_memory_mib }) => {
-                let idle = node
+                let idle: Vec<usize> = node
                     .cards
                     .iter()
                     .enumerate()
@@ -217,21 +232,16 @@ impl Evaluator<'_> {
                             && c.is_idle()
                             && min_memory_mib.is_none_or(|m| c.memory_mib >= m)
                     })
-                    .count();
-                if idle < *cards as usize {
-                    return Err(if node.cards.is_empty() {
-                        "node has no GPU".into()
-                    } else {
-                        format!("needs {cards} idle whole GPU(s), {idle} idle")
-                    });
+                    .map(|(i, _)| i)
+                    .collect();
+                if node.cards.is_empty() {
+                    return Err("node has no GPU".into());
                 }
-                // Which idle cards are taken does not change the node's shape.
-                let mut left = *cards;
-                for (i, c) in node.cards.iter().enumerate() {
-                    if left > 0 && c.offers_compute() && model_ok(i) && c.is_idle() {
-                        self.s.shape.frees[self.s.positions[i]] = 0;
-                        left -= 1;
-                    }
+                // The set the card tier will take (same rule, `fit::place_container`).
+                let set = node.choose_cards(&idle, *cards as usize, pod.gpu_link)?;
+                bonus = link_bonus(&set);
+                for &i in &set.cards {
+                    self.s.shape.frees[self.s.positions[i]] = 0;
                 }
                 (SimpleChoice::Whole, u64::from(*cards) * u64::from(CARD_MILLI))
             }
@@ -256,7 +266,7 @@ impl Evaluator<'_> {
             &after,
             pod,
         );
-        Ok((score, Some(choice)))
+        Ok((score + bonus, Some(choice)))
     }
 
     pub(super) fn plan_general(
@@ -294,6 +304,20 @@ impl Evaluator<'_> {
         };
         let (frag, rng) = (&mut self.s.frag, &mut self.s.rng);
         node_score(node_policy, rng, before, || frag.of_node(&after_node), &after, pod)
+    }
+}
+
+/// Scale of the topology tie-break: small enough never to outweigh a policy's own difference
+/// between two nodes, so topology only orders nodes the policy finds equal.
+const LINK_BONUS: f64 = 1e-9;
+
+/// The node-tier preference for a multi-card set: the better its worst link, the higher
+/// (nothing for single cards or unknown links, so nodes that publish no topology are not
+/// ranked by it).
+fn link_bonus(set: &CardSet) -> f64 {
+    match set.worst {
+        Some(w) if set.cards.len() >= 2 => f64::from(Link::WORST_COST - w.cost()) * LINK_BONUS,
+        _ => 0.0,
     }
 }
 

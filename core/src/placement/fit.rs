@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::topology::LinkRequirement;
+
 use super::demand::{CardDemand, PodDemand};
 use super::state::{CARD_MILLI, NodeState};
 
@@ -148,6 +150,7 @@ pub fn plan_node(
                 &mut busy,
                 &usage,
                 chooser,
+                pod.gpu_link,
             )
             .map_err(|reason| {
                 if pod.containers.len() > 1 {
@@ -194,6 +197,7 @@ fn place_container(
     busy: &mut [bool],
     prior: &PodUsage,
     chooser: &mut dyn ShareChooser,
+    require: Option<LinkRequirement>,
 ) -> Result<Vec<CardAssign>, String> {
     let model_ok = |i: usize| allowed.get(usize::from(node.cards[i].model)).copied().unwrap_or(false);
     let usable: Vec<usize> = (0..node.cards.len())
@@ -295,22 +299,10 @@ fn place_container(
                         && min_memory_mib.is_none_or(|m| c.memory_mib >= m)
                 })
                 .collect();
-            let want = *cards as usize;
-            if idle.len() < want {
-                return Err(format!("needs {want} idle whole GPU(s), {} idle", idle.len()));
-            }
-            // Keep a container on one NUMA node when one can hold it: the NUMA group with the
-            // fewest idle cards that is still big enough, lowest indices first.
-            let mut groups: BTreeMap<Option<u32>, Vec<usize>> = BTreeMap::new();
-            for &i in &idle {
-                groups.entry(node.cards[i].numa).or_default().push(i);
-            }
-            let chosen: Vec<usize> = groups
-                .values()
-                .filter(|g| g.len() >= want)
-                .min_by_key(|g| g.len())
-                .map(|g| g[..want].to_vec())
-                .unwrap_or_else(|| idle[..want].to_vec());
+            // The best-connected set (see `topology::choose_set`): NVLink over one PCIe
+            // switch over one NUMA node over cross-socket, then the set that leaves connected
+            // groups whole.
+            let chosen = node.choose_cards(&idle, *cards as usize, require)?.cards;
             Ok(chosen
                 .into_iter()
                 .map(|i| {

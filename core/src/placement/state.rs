@@ -2,10 +2,12 @@
 //! committed on each.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::enforcement::ShareEnforcement;
 use crate::inventory::{Gpu, model_matches};
 use crate::mig::MigProfile;
+use crate::topology::{CardSet, GpuTopology, Link, LinkRequirement, choose_set};
 
 /// Compute of one card in milli-GPU (the engine's unit; 10 milli = 1 % of `tessera.io/gpu-core`).
 pub const CARD_MILLI: u32 = 1000;
@@ -110,9 +112,37 @@ pub struct NodeState {
     pub schedulable: bool,
     /// How the node holds shares to their limits.
     pub enforcement: ShareEnforcement,
+    /// How its cards are connected (by card position), when the node publishes it.
+    pub topology: Option<Arc<GpuTopology>>,
 }
 
 impl NodeState {
+    /// The link between cards `a` and `b`: from the node's topology, else from the cards' NUMA
+    /// nodes; `None` when neither says.
+    pub fn link(&self, a: usize, b: usize) -> Option<Link> {
+        self.topology
+            .as_ref()
+            .and_then(|t| t.link(a, b))
+            .or_else(|| Link::from_numa(self.cards.get(a)?.numa, self.cards.get(b)?.numa))
+    }
+
+    /// Chooses `want` of the `idle` cards for one container (see [`choose_set`]); on a node
+    /// that publishes no topology and no NUMA nodes, simply the lowest positions.
+    pub fn choose_cards(
+        &self,
+        idle: &[usize],
+        want: usize,
+        require: Option<LinkRequirement>,
+    ) -> Result<CardSet, String> {
+        let knows_links = self.topology.is_some() || self.cards.iter().any(|c| c.numa.is_some());
+        if knows_links || require.is_some() || want > idle.len() {
+            return choose_set(|a, b| self.link(a, b), idle, want, require);
+        }
+        let mut cards = idle[..want].to_vec();
+        cards.sort_unstable();
+        Ok(CardSet { cards, worst: None })
+    }
+
     /// Free CPU, millicores.
     pub fn cpu_free(&self) -> u64 {
         self.cpu_milli.saturating_sub(self.cpu_used)

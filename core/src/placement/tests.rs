@@ -16,6 +16,7 @@ fn node(cluster: &mut ClusterState, name: &str, fixture: &str) {
         cards,
         schedulable: true,
         enforcement: Default::default(),
+        topology: inv.topology.map(std::sync::Arc::new),
     });
 }
 
@@ -334,6 +335,7 @@ fn only_schedulable_nodes_with_a_healthy_allowed_card_could_take_a_gpu_pod() {
         cards: vec![card(true)],
         schedulable: true,
         enforcement: Default::default(),
+        topology: None,
     };
     let gpu = PodDemand::single(
         100,
@@ -449,4 +451,75 @@ fn parallel_evaluation_gives_the_verdicts_of_one_thread() {
             assert_eq!(four.node_frag, one.node_frag, "{policy}");
         }
     }
+}
+
+fn cards_of(p: &Placement) -> Vec<usize> {
+    p.plan
+        .containers
+        .iter()
+        .flat_map(|c| c.cards.iter().map(|a| a.card))
+        .collect()
+}
+
+/// On 8 PCIe GPUs bridged in pairs over two NUMA nodes, every policy's card tier gives two
+/// 2-GPU pods a bridged pair each (the second on the same NUMA node as the first) and a 4-GPU
+/// pod the other NUMA node; the same through the general (multi-container) path.
+#[test]
+fn multi_gpu_containers_get_connected_cards() {
+    for policy in [
+        PolicyKind::Mosaic,
+        PolicyKind::Fgd,
+        PolicyKind::Binpack,
+        PolicyKind::Spread,
+    ] {
+        let mut e = engine(policy, &["a100-nvlink-pairs"]);
+        assert_eq!(cards_of(&place(&mut e, &whole(1000, 2))), [0, 1], "{policy:?}");
+        assert_eq!(cards_of(&place(&mut e, &whole(1000, 2))), [2, 3], "{policy:?}");
+        assert_eq!(cards_of(&place(&mut e, &whole(1000, 4))), [4, 5, 6, 7], "{policy:?}");
+        // A single card first: the 2-GPU pod still gets a bridged pair (not the NUMA node's
+        // next two cards, 1 and 2), and the next single card breaks no other pair.
+        let mut e = engine(policy, &["a100-nvlink-pairs"]);
+        assert_eq!(cards_of(&place(&mut e, &whole(1000, 1))), [0], "{policy:?}");
+        assert_eq!(cards_of(&place(&mut e, &whole(1000, 2))), [2, 3], "{policy:?}");
+        assert_eq!(cards_of(&place(&mut e, &whole(1000, 1))), [1], "{policy:?}");
+    }
+    // Two containers of two cards each (the general path): a pair each.
+    let mut e = engine(PolicyKind::Mosaic, &["a100-nvlink-pairs"]);
+    let mut pod = whole(1000, 2);
+    let mut second = pod.containers[0].clone();
+    second.name = "second".into();
+    pod.containers.push(second);
+    pod.phases = vec![vec![0, 1]];
+    let p = place(&mut e, &pod);
+    let per: Vec<Vec<usize>> = p
+        .plan
+        .containers
+        .iter()
+        .map(|c| c.cards.iter().map(|a| a.card).collect())
+        .collect();
+    assert_eq!(per, [vec![0, 1], vec![2, 3]]);
+}
+
+/// `tessera.io/gpu-link` rules nodes out with a reason; without it the node tier prefers, among
+/// nodes its policy finds equal, the one with the better-connected set.
+#[test]
+fn a_link_requirement_filters_and_topology_breaks_node_ties() {
+    let mut e = engine(PolicyKind::Mosaic, &["h100x8", "h100-nvswitch"]);
+    let mut nv = whole(1000, 2);
+    nv.gpu_link = Some(crate::topology::LinkRequirement::Nvlink);
+    let allowed = e.cluster.allowed_models(None);
+    assert_eq!(
+        e.score_node(0, &nv, &allowed).unwrap_err(),
+        "no 2 idle GPU(s) connected as tessera.io/gpu-link=nvlink requires (the best set's worst link is NODE)"
+    );
+    assert!(e.score_node(1, &nv, &allowed).is_ok());
+    // Same GPUs, same load: h100x8 (scanned first) publishes NUMA nodes only, h100-nvswitch
+    // its NVSwitch: a 2-GPU pod goes to the NVSwitch node, a 1-GPU pod to the first.
+    assert_eq!(e.schedule(&whole(1000, 2)).unwrap().node, 1);
+    assert_eq!(e.schedule(&whole(1000, 1)).unwrap().node, 0);
+    let (a, b) = (
+        e.score_node(0, &whole(1000, 2), &allowed).unwrap(),
+        e.score_node(1, &whole(1000, 2), &allowed).unwrap(),
+    );
+    assert!(b > a && b - a < 1e-6, "a tie-break only: {a} vs {b}");
 }

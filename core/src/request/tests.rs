@@ -228,11 +228,13 @@ fn annotations() {
                 ("tessera.io/core-limit", "80"),
                 ("tessera.io/node-policy", "spread"),
                 ("tessera.io/gpu-policy", "fgd"),
+                ("tessera.io/gpu-link", "NVLink"),
             ],
         ),
         &opts,
     )
     .unwrap();
+    assert_eq!(r.gpu_link, Some(crate::topology::LinkRequirement::Nvlink));
     assert_eq!(
         r.gpu_models,
         Some(vec!["A100-SXM4-40GB".to_string(), "H100".to_string()])
@@ -247,6 +249,7 @@ fn annotations() {
         ("tessera.io/core-limit", "x"),
         ("tessera.io/gpu-model", " | "),
         ("tessera.io/node-policy", "packing"),
+        ("tessera.io/gpu-link", "infiniband"),
     ] {
         let e = PodRequest::from_pod(&pod(c(), &[(k, v)]), &opts).unwrap_err();
         let msg = e.to_string();

@@ -74,18 +74,38 @@ fn node_capacity(node: &Node) -> (NodeCapacity, Option<String>) {
             }
         })
     };
-    let (gpus, not_ready, share_enforcement) = match node
+    let (gpus, not_ready, share_enforcement, topology) = match node
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(ANNOTATION_INVENTORY))
     {
-        None => (Vec::new(), None, Default::default()),
+        None => (Vec::new(), None, Default::default(), None),
         Some(v) => match PublishedInventory::decode(v) {
-            Ok(inv) => (inv.gpus, inv.not_ready, inv.share_enforcement),
+            Ok(inv) => {
+                // A matrix that does not match the GPUs would misplace; place without it.
+                let topology = inv.topology.filter(|t| {
+                    let fits = t.len() == inv.gpus.len();
+                    if !fits {
+                        warn!(
+                            node = name,
+                            rows = t.len(),
+                            gpus = inv.gpus.len(),
+                            "ignoring a GPU topology that does not match the GPUs"
+                        );
+                    }
+                    fits
+                });
+                (
+                    inv.gpus,
+                    inv.not_ready,
+                    inv.share_enforcement,
+                    topology.map(std::sync::Arc::new),
+                )
+            }
             Err(e) => {
                 warn!(node = name, error = %e, "ignoring the node's {ANNOTATION_INVENTORY} annotation");
-                (Vec::new(), None, Default::default())
+                (Vec::new(), None, Default::default(), None)
             }
         },
     };
@@ -109,6 +129,7 @@ fn node_capacity(node: &Node) -> (NodeCapacity, Option<String>) {
         gpus,
         schedulable: !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
         share_enforcement,
+        topology,
     };
     (cap, not_ready)
 }
