@@ -199,6 +199,19 @@ impl GpuTopology {
     }
 }
 
+/// The link between GPUs `a` and `b` (positions): from `topology` when given, else from their
+/// NUMA nodes (`numa(position)`); `None` when neither says.
+pub fn link_between(
+    topology: Option<&GpuTopology>,
+    numa: impl Fn(usize) -> Option<u32>,
+    a: usize,
+    b: usize,
+) -> Option<Link> {
+    topology
+        .and_then(|t| t.link(a, b))
+        .or_else(|| Link::from_numa(numa(a), numa(b)))
+}
+
 #[derive(Serialize, Deserialize)]
 struct TopologyWire {
     version: u32,

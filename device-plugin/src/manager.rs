@@ -4,13 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
 use tessera_core::inventory::{FixtureSource, InventorySource, NodeInventory};
 use tessera_proto::deviceplugin as api;
 use tessera_proto::deviceplugin::registration_client::RegistrationClient;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tonic::transport::{Endpoint as TonicEndpoint, Uri};
 use tracing::{info, warn};
 
@@ -89,7 +90,9 @@ fn watch_kubelet(dir: &Path, tx: mpsc::UnboundedSender<()>) -> anyhow::Result<()
 
 struct State {
     config: Config,
-    inventory: Option<NodeInventory>,
+    inventory: Option<Arc<NodeInventory>>,
+    /// The inventory as the endpoints' preferred allocations see it.
+    cards: watch::Sender<Option<Arc<NodeInventory>>>,
     health: HealthState,
     endpoints: BTreeMap<String, Endpoint>,
     fixture_events_seen: usize,
@@ -129,7 +132,14 @@ impl State {
                 }
                 continue;
             }
-            match Endpoint::start(&self.config.plugin_dir, &resource, units, self.config.memory_unit_mib) {
+            let cards = self.cards.subscribe();
+            match Endpoint::start(
+                &self.config.plugin_dir,
+                &resource,
+                units,
+                cards,
+                self.config.memory_unit_mib,
+            ) {
                 Ok(e) => {
                     match register(&self.config.plugin_dir, &resource).await {
                         Ok(()) => info!(resource, socket = %e.socket.display(), "registered with the kubelet"),
@@ -172,7 +182,13 @@ impl State {
             Source::Nvml(s) => s.discover(),
         };
         match inv {
-            Ok(inv) => self.inventory = Some(inv),
+            Ok(inv) => {
+                if self.inventory.as_deref() != Some(&inv) {
+                    let inv = Arc::new(inv);
+                    self.cards.send_replace(Some(inv.clone()));
+                    self.inventory = Some(inv);
+                }
+            }
             Err(err) => warn!(error = %err, "inventory unreadable; keeping the last one"),
         }
         for uuid in self.health.recover(Instant::now(), self.config.recovery) {
@@ -201,6 +217,7 @@ pub async fn run(
     let mut state = State {
         config: config.clone(),
         inventory: None,
+        cards: watch::channel(None).0,
         health: HealthState::default(),
         endpoints: BTreeMap::new(),
         fixture_events_seen: 0,

@@ -10,6 +10,8 @@ use crate::health::HealthState;
 
 /// Annotation prefix of Allocate's answers (`tessera.io/allocated.gpu-core`).
 pub const ALLOCATED_PREFIX: &str = "tessera.io/allocated.";
+/// `tessera.io/gpu-core` devices per card (one per percent).
+pub const CORE_UNITS_PER_CARD: usize = 100;
 /// Kubelet's health strings.
 pub const HEALTHY: &str = "Healthy";
 /// Kubelet's health strings.
@@ -45,7 +47,7 @@ pub fn advertise(inv: &NodeInventory, health: &HealthState, memory_unit_mib: u64
             continue;
         }
         let core = out.entry(RESOURCE_GPU_CORE.to_string()).or_default();
-        for n in 0..100 {
+        for n in 0..CORE_UNITS_PER_CARD {
             core.push(Unit {
                 id: format!("{}-c{n:02}", gpu.uuid),
                 healthy,
@@ -131,10 +133,24 @@ fn card_of(id: &str) -> &str {
     id.rsplit_once('-').map_or(id, |(card, _)| card)
 }
 
-/// Preferred allocation for core/memory units: the must-include units, then units of the
-/// card that has them or, failing that, the card with the fewest available units that can
-/// supply all that is missing (one card per share), then any.
-pub fn preferred(available: &[String], must_include: &[String], size: usize) -> Vec<String> {
+/// Preferred allocation for core/memory units. A request of whole cards' worth of core units
+/// (200 = two cards) gets whole idle cards, the set the extender's card tier chooses for the
+/// same idle cards (`NodeState::choose_cards`: best connected, then leaving connected groups
+/// whole). Otherwise the must-include units, then units of the card that has them or, failing
+/// that, the card with the fewest available units that can supply all that is missing (one
+/// card per share), then any.
+pub fn preferred(
+    cards: Option<&NodeInventory>,
+    available: &[String],
+    must_include: &[String],
+    size: usize,
+) -> Vec<String> {
+    if let Some(inv) = cards
+        && must_include.is_empty()
+        && let Some(whole) = whole_cards(inv, available, size)
+    {
+        return whole;
+    }
     let mut chosen: Vec<String> = must_include.iter().take(size).cloned().collect();
     let mut by_card: BTreeMap<&str, Vec<&String>> = BTreeMap::new();
     for id in available.iter().filter(|id| !chosen.contains(id)) {
@@ -167,6 +183,33 @@ pub fn preferred(available: &[String], must_include: &[String], size: usize) -> 
     }
     chosen.truncate(size);
     chosen
+}
+
+/// `size` core units as whole idle cards (every unit available), when `size` is a whole number
+/// of cards and enough cards are idle.
+fn whole_cards(inv: &NodeInventory, available: &[String], size: usize) -> Option<Vec<String>> {
+    if size < CORE_UNITS_PER_CARD || !size.is_multiple_of(CORE_UNITS_PER_CARD) {
+        return None;
+    }
+    let mut by_card: BTreeMap<&str, Vec<&String>> = BTreeMap::new();
+    for id in available {
+        by_card.entry(card_of(id)).or_default().push(id);
+    }
+    let idle: Vec<usize> = (0..inv.gpus.len())
+        .filter(|&i| {
+            by_card
+                .get(inv.gpus[i].uuid.as_str())
+                .is_some_and(|u| u.len() == CORE_UNITS_PER_CARD)
+        })
+        .collect();
+    let set =
+        tessera_core::topology::choose_set(|a, b| inv.link(a, b), &idle, size / CORE_UNITS_PER_CARD, None).ok()?;
+    Some(
+        set.cards
+            .iter()
+            .flat_map(|&i| by_card[inv.gpus[i].uuid.as_str()].iter().map(|id| (*id).clone()))
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -269,15 +312,69 @@ mod tests {
         let mut available = ids("GPU-a", 50);
         available.extend(ids("GPU-b", 20));
         available.extend(ids("GPU-c", 90));
-        let p = preferred(&available, &[], 30);
+        let p = preferred(None, &available, &[], 30);
         assert_eq!(p.len(), 30);
         assert!(
             p.iter().all(|id| id.starts_with("GPU-a-")),
             "fewest units that still fit: {p:?}"
         );
-        let p = preferred(&available, &["GPU-c-c05".into()], 10);
+        let p = preferred(None, &available, &["GPU-c-c05".into()], 10);
         assert!(p.iter().all(|id| id.starts_with("GPU-c-")), "{p:?}");
-        let p = preferred(&available, &[], 150);
+        let p = preferred(None, &available, &[], 150);
         assert_eq!(p.len(), 150);
+    }
+
+    /// Whole cards' worth of core units: whole idle cards, the set the extender's card tier
+    /// (`NodeState::choose_cards`) picks for the same idle cards, on each topology fixture.
+    #[test]
+    fn whole_card_requests_get_the_extenders_set() {
+        use std::sync::Arc;
+        use tessera_core::placement::{ClusterState, NodeState};
+        for fixture in ["a100-nvlink-pairs", "l40s-pcie-switches", "h100-nvswitch", "h100x8"] {
+            let inv = FixtureSource::new(fixture).discover().unwrap();
+            let mut cluster = ClusterState::new();
+            let node = NodeState {
+                name: fixture.into(),
+                cpu_milli: 1,
+                cpu_used: 0,
+                memory_bytes: 1,
+                memory_used: 0,
+                cards: cluster.cards_from_inventory(&inv.gpus),
+                schedulable: true,
+                enforcement: Default::default(),
+                topology: inv.topology.clone().map(Arc::new),
+            };
+            let units = advertise(&inv, &HealthState::default(), 1024);
+            let n = inv.gpus.len();
+            for (taken, want) in [(vec![], 2), (vec![0], 2), (vec![0, 2], 2), (vec![1], 3), (vec![], 4)] {
+                if want + taken.len() > n {
+                    continue;
+                }
+                // A share on each taken card: some of its units are gone.
+                let available: Vec<String> = units["tessera.io/gpu-core"]
+                    .iter()
+                    .filter(|u| {
+                        let card = inv.gpus.iter().position(|g| u.id.starts_with(&g.uuid)).unwrap();
+                        !(taken.contains(&card) && u.id.ends_with("-c00"))
+                    })
+                    .map(|u| u.id.clone())
+                    .collect();
+                let p = preferred(Some(&inv), &available, &[], want * CORE_UNITS_PER_CARD);
+                let mut cards: Vec<usize> = p
+                    .iter()
+                    .map(|id| inv.gpus.iter().position(|g| card_of(id) == g.uuid).unwrap())
+                    .collect();
+                cards.dedup();
+                let idle: Vec<usize> = (0..n).filter(|i| !taken.contains(i)).collect();
+                let extender = node.choose_cards(&idle, want, None).unwrap().cards;
+                assert_eq!(cards, extender, "{fixture}, cards {taken:?} in use, {want} wanted");
+                assert_eq!(p.len(), want * CORE_UNITS_PER_CARD);
+            }
+        }
+        // Not a whole number of cards, or no inventory yet: units as before.
+        let inv = FixtureSource::new("a100-nvlink-pairs").discover().unwrap();
+        let ids: Vec<String> = (0..100).map(|i| format!("{}-c{i:02}", inv.gpus[5].uuid)).collect();
+        assert_eq!(preferred(Some(&inv), &ids, &[], 30).len(), 30);
+        assert_eq!(preferred(None, &ids, &[], 100), ids);
     }
 }

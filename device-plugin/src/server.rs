@@ -4,6 +4,9 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
+
+use tessera_core::inventory::NodeInventory;
 
 use tessera_proto::deviceplugin as api;
 use tessera_proto::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
@@ -20,6 +23,8 @@ use crate::resources::{self, HEALTHY, UNHEALTHY, Unit};
 pub struct PluginService {
     resource: String,
     devices: watch::Receiver<Vec<Unit>>,
+    /// The node's cards and how they are connected (for whole-card preferred allocations).
+    cards: watch::Receiver<Option<Arc<NodeInventory>>>,
     memory_unit_mib: u64,
 }
 
@@ -62,12 +67,14 @@ impl DevicePlugin for PluginService {
         &self,
         request: Request<api::PreferredAllocationRequest>,
     ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
+        let cards = self.cards.borrow().clone();
         let container_responses = request
             .into_inner()
             .container_requests
             .into_iter()
             .map(|r| api::ContainerPreferredAllocationResponse {
                 device_i_ds: resources::preferred(
+                    cards.as_deref(),
                     &r.available_device_i_ds,
                     &r.must_include_device_i_ds,
                     usize::try_from(r.allocation_size).unwrap_or(0),
@@ -124,7 +131,13 @@ pub fn socket_name(resource: &str) -> String {
 
 impl Endpoint {
     /// Removes a stale socket, binds and serves (before registration, as kubelet requires).
-    pub fn start(dir: &Path, resource: &str, units: Vec<Unit>, memory_unit_mib: u64) -> std::io::Result<Self> {
+    pub fn start(
+        dir: &Path,
+        resource: &str,
+        units: Vec<Unit>,
+        cards: watch::Receiver<Option<Arc<NodeInventory>>>,
+        memory_unit_mib: u64,
+    ) -> std::io::Result<Self> {
         let socket = dir.join(socket_name(resource));
         match std::fs::remove_file(&socket) {
             Ok(()) => {}
@@ -136,6 +149,7 @@ impl Endpoint {
         let service = PluginService {
             resource: resource.to_string(),
             devices: rx,
+            cards,
             memory_unit_mib,
         };
         let (stop, stopped) = oneshot::channel::<()>();

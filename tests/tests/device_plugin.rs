@@ -310,3 +310,54 @@ async fn allocate_answers_in_order_and_rejects_bad_requests() -> anyhow::Result<
     plugin.shutdown().await;
     Ok(())
 }
+
+/// On GPUs bridged in pairs over two NUMA nodes: every device reports its card's NUMA node (for
+/// the kubelet's topology manager), and a request for two whole cards' worth of core units,
+/// with card 0 partly in use, is answered with the bridged pair 2-3, all of both cards' units.
+#[tokio::test]
+async fn preferred_whole_cards_follow_the_topology_and_devices_carry_numa() -> anyhow::Result<()> {
+    use tessera_core::inventory::InventorySource as _;
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("plugins");
+    std::fs::create_dir_all(&dir)?;
+    let mut k = FakeKubelet::start(&dir)?;
+    let plugin = start(&dir, &fixture_file(tmp.path(), "a100-nvlink-pairs"));
+    let regs = k.registrations(2).await?;
+    let core = &regs
+        .iter()
+        .find(|r| r.resource_name == "tessera.io/gpu-core")
+        .unwrap()
+        .endpoint;
+    let inv = FixtureSource::new("a100-nvlink-pairs").discover()?;
+    let devices = list(&k, core).await?.next().await.unwrap()?.devices;
+    for d in &devices {
+        let card = inv.gpus.iter().find(|g| d.id.starts_with(&g.uuid)).unwrap();
+        let numa: Vec<i64> = d.topology.as_ref().unwrap().nodes.iter().map(|n| n.id).collect();
+        assert_eq!(numa, [i64::from(card.numa_node.unwrap())], "{}", d.id);
+    }
+    let available: Vec<String> = devices
+        .iter()
+        .map(|d| d.id.clone())
+        .filter(|id| !(id.starts_with(&inv.gpus[0].uuid) && id.ends_with("-c07")))
+        .collect();
+    let pref = k
+        .dial(core)
+        .await?
+        .get_preferred_allocation(api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: available,
+                must_include_device_i_ds: vec![],
+                allocation_size: 200,
+            }],
+        })
+        .await?
+        .into_inner();
+    let ids = &pref.container_responses[0].device_i_ds;
+    assert_eq!(ids.len(), 200);
+    for (card, want) in [(2, 100), (3, 100)] {
+        let n = ids.iter().filter(|id| id.starts_with(&inv.gpus[card].uuid)).count();
+        assert_eq!(n, want, "card {card}: {ids:?}");
+    }
+    plugin.shutdown().await;
+    Ok(())
+}

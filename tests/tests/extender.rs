@@ -883,3 +883,80 @@ async fn enforcement_is_published_required_and_mps_keeps_one_user_per_card() -> 
     );
     Ok(())
 }
+
+/// Multi-GPU pods through filter and bind on a node with NVLink bridges in pairs over two NUMA
+/// nodes (the published topology): two 2-GPU pods each get a bridged pair, a 4-GPU pod stays
+/// on one NUMA node, and `tessera.io/gpu-link: nvlink` rules out nodes without a bridged pair
+/// left, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_gpu_pods_get_connected_cards_from_the_published_topology() -> anyhow::Result<()> {
+    use tessera_core::inventory::{FixtureSource, InventorySource};
+    let (api, mut r) = cluster(&[("pairs", "a100-nvlink-pairs"), ("h", "h100x8")]).await?;
+    let inv = FixtureSource::new("a100-nvlink-pairs").discover()?;
+    let index_of = |uuid: &str| {
+        inv.gpus
+            .iter()
+            .position(|g| g.uuid == uuid)
+            .expect("a card of the fixture")
+    };
+    let whole = |name: &str, cards: u32| {
+        pod(
+            name,
+            &[("main", &[("tessera.io/gpu-core", &(cards * 100).to_string())])],
+        )
+    };
+    let nvlink = |name: &str| {
+        let mut p = whole(name, 2);
+        p.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("tessera.io/gpu-link".into(), "nvlink".into());
+        p
+    };
+    let mut given = BTreeMap::new();
+    for (name, cards) in [("two-a", 2), ("two-b", 2)] {
+        let p = api.create_pod(&whole(name, cards))?;
+        let (_, reply) = r.http.post_json(&path("filter"), &args(&p, &["pairs"])).await?;
+        assert_eq!(reply["NodeNames"], json!(["pairs"]), "{name}: {reply}");
+        assert_eq!(bind(&mut r.http, &p, "pairs").await?, "", "{name}");
+        let a = allocation_of(&api, name).expect("bound");
+        let mut cards: Vec<usize> = a.containers[0]
+            .devices
+            .iter()
+            .map(|d| index_of(d.card_uuid()))
+            .collect();
+        cards.sort();
+        given.insert(name, cards);
+    }
+    assert_eq!(given["two-a"], [0, 1], "a bridged pair");
+    assert_eq!(given["two-b"], [2, 3], "the NUMA node's other bridged pair");
+
+    // Requiring NVLink: h100x8 publishes NUMA nodes only; "pairs" still has two bridged pairs.
+    let nv = api.create_pod(&nvlink("nv"))?;
+    let (_, reply) = r.http.post_json(&path("filter"), &args(&nv, &["pairs", "h"])).await?;
+    assert_eq!(reply["NodeNames"], json!(["pairs"]), "{reply}");
+    let why = reply["FailedNodes"]["h"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("tessera.io/gpu-link=nvlink") && why.contains("worst link is NODE"),
+        "{reply}"
+    );
+
+    let four = api.create_pod(&whole("four", 4))?;
+    assert_eq!(bind(&mut r.http, &four, "pairs").await?, "");
+    let a = allocation_of(&api, "four").expect("bound");
+    let numa: std::collections::BTreeSet<Option<u32>> = a.containers[0]
+        .devices
+        .iter()
+        .map(|d| inv.gpus[index_of(d.card_uuid())].numa_node)
+        .collect();
+    assert_eq!(numa.len(), 1, "a 4-GPU pod on one NUMA node: {a:?}");
+
+    // No bridged pair left anywhere: the NVLink pod fits nowhere, and says why.
+    let (_, reply) = r.http.post_json(&path("filter"), &args(&nv, &["pairs", "h"])).await?;
+    assert_eq!(reply["NodeNames"], json!([]), "{reply}");
+    assert_eq!(
+        reply["FailedNodes"]["pairs"], "needs 2 idle whole GPU(s), 0 idle",
+        "{reply}"
+    );
+    Ok(())
+}

@@ -202,6 +202,11 @@ impl NodeInventory {
         }
     }
 
+    /// The link between `gpus[a]` and `gpus[b]`: from the topology, else their NUMA nodes.
+    pub fn link(&self, a: usize, b: usize) -> Option<crate::topology::Link> {
+        crate::topology::link_between(self.topology.as_ref(), |i| self.gpus.get(i)?.numa_node, a, b)
+    }
+
     /// The GPU with this UUID.
     pub fn gpu_by_uuid(&self, uuid: &str) -> Option<&Gpu> {
         self.gpus.iter().find(|g| g.uuid == uuid)

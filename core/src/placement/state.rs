@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::enforcement::ShareEnforcement;
 use crate::inventory::{Gpu, model_matches};
 use crate::mig::MigProfile;
-use crate::topology::{CardSet, GpuTopology, Link, LinkRequirement, choose_set};
+use crate::topology::{CardSet, GpuTopology, Link, LinkRequirement, choose_set, link_between};
 
 /// Compute of one card in milli-GPU (the engine's unit; 10 milli = 1 % of `tessera.io/gpu-core`).
 pub const CARD_MILLI: u32 = 1000;
@@ -120,10 +120,7 @@ impl NodeState {
     /// The link between cards `a` and `b`: from the node's topology, else from the cards' NUMA
     /// nodes; `None` when neither says.
     pub fn link(&self, a: usize, b: usize) -> Option<Link> {
-        self.topology
-            .as_ref()
-            .and_then(|t| t.link(a, b))
-            .or_else(|| Link::from_numa(self.cards.get(a)?.numa, self.cards.get(b)?.numa))
+        link_between(self.topology.as_deref(), |i| self.cards.get(i)?.numa, a, b)
     }
 
     /// Chooses `want` of the `idle` cards for one container (see [`choose_set`]); on a node

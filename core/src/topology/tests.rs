@@ -13,13 +13,7 @@ fn choose(
     want: usize,
     require: Option<LinkRequirement>,
 ) -> Result<CardSet, String> {
-    let link = |a: usize, b: usize| {
-        inv.topology
-            .as_ref()
-            .and_then(|t| t.link(a, b))
-            .or_else(|| Link::from_numa(inv.gpus[a].numa_node, inv.gpus[b].numa_node))
-    };
-    choose_set(link, idle, want, require)
+    choose_set(|a, b| inv.link(a, b), idle, want, require)
 }
 
 fn all(n: usize) -> Vec<usize> {
