@@ -6,4 +6,5 @@ pub mod daemon;
 pub mod driver_report;
 pub mod publish;
 pub mod spec;
+pub mod topology_report;
 pub mod writer;

@@ -7,6 +7,7 @@ use tessera_cdi_generator::bundle::{self, DEFAULT_BUNDLE_ROOT};
 use tessera_cdi_generator::daemon::{self, BundleConfig, DaemonConfig};
 use tessera_cdi_generator::driver_report;
 use tessera_cdi_generator::spec::{self, SpecOptions};
+use tessera_cdi_generator::topology_report;
 use tessera_cdi_generator::writer::{self, DEFAULT_CDI_DIR};
 use tessera_core::enforcement::{DEFAULT_HOOK_ROOT, DEFAULT_MPS_ROOT, HookLayout, MpsLayout, ShareEnforcement};
 use tessera_core::inventory::{FixtureSource, InventorySource, NvmlSource};
@@ -21,7 +22,8 @@ struct Cli {
 
 #[derive(Args, Clone)]
 struct SourceArgs {
-    /// Fixture file (or built-in fixture name: h100x8, a100-mig, t4x2) instead of NVML.
+    /// Fixture file (or built-in fixture name: h100x8, a100-mig, t4x2, h100-nvswitch,
+    /// a100-nvlink-pairs, l40s-pcie-switches) instead of NVML.
     #[arg(long)]
     fixture: Option<PathBuf>,
     /// Host directory holding the driver files (default: the fixture's; with NVML, detected:
@@ -146,6 +148,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show how the GPUs are connected (`nvidia-smi topo -m`'s matrix, with CPU and NUMA
+    /// affinity): what the node publishes and the scheduler chooses multi-GPU sets by.
+    Topology {
+        #[command(flatten)]
+        source: SourceArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the daemon: keep the spec current and publish the inventory.
     Run {
         #[command(flatten)]
@@ -202,6 +213,15 @@ async fn main() -> anyhow::Result<()> {
             }
             if driver.check().is_err() {
                 std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::Topology { source, json } => {
+            let inventory = source.source().discover().context("reading the GPU inventory")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&topology_report::json(&inventory))?);
+            } else {
+                print!("{}", topology_report::text(&inventory));
             }
             Ok(())
         }

@@ -394,6 +394,46 @@ fn generate_spec(
     Ok(inv)
 }
 
+/// `tessera-cdi-generator topology --json`: on a GPU from NVML (the matrix, CPU and NUMA
+/// affinity this node would publish); dry, the NVLink-bridged-pairs fixture.
+fn topology_view(a: &Args, runtime: &str) -> anyhow::Result<Row> {
+    let mut cmd = Command::new(a.bin_dir.join("tessera-cdi-generator"));
+    cmd.args(["topology", "--json"]);
+    if a.dry_run() {
+        cmd.args(["--fixture", "a100-nvlink-pairs"]);
+    }
+    let out = cmd.output()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let gpus = v["gpus"].as_array().map_or(0, Vec::len);
+    let rows: Vec<&str> = v["topology"]["matrix"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|r| r.as_str()).collect())
+        .unwrap_or_default();
+    let diagonal = rows
+        .iter()
+        .enumerate()
+        .all(|(i, r)| r.split_whitespace().nth(i) == Some("X"));
+    let affinity: Vec<String> = v["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| format!("cpus {} numa {}", g["cpu_affinity"], g["numa_node"]))
+        .collect();
+    let ok = out.status.success() && gpus > 0 && rows.len() == gpus && diagonal;
+    Ok(Row {
+        runtime: runtime.into(),
+        case: "topology view",
+        expected: "exit 0; one matrix row per GPU, X on the diagonal".into(),
+        observed: format!(
+            "exit {}; {gpus} GPU(s); matrix {:?}; {}",
+            out.status.code().unwrap_or(-1),
+            rows,
+            affinity.join(", ")
+        ),
+        verdict: pass(ok),
+    })
+}
+
 fn pass(ok: bool) -> Verdict {
     if ok { Verdict::Pass } else { Verdict::Fail }
 }
@@ -410,6 +450,7 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
     };
     let mut rows = Vec::new();
     let inv = generate_spec(a, &c, work.path(), &mps, &mut rows, &runtime)?;
+    rows.push(topology_view(a, &runtime)?);
     let gpu = inv.gpus.first().context("no GPU in the inventory")?.clone();
     let dry = a.dry_run();
     let row = |case, expected: String, observed: String, verdict| Row {
