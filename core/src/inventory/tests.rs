@@ -159,3 +159,42 @@ fn creates_real_character_devices() {
     // Idempotent: a second run replaces the nodes.
     create_device_nodes(&inv, root.path()).unwrap();
 }
+
+/// The topology travels with the published inventory, small (an 8-GPU matrix adds about 400
+/// bytes; the largest, 64 GPUs, stays under 24 KiB of the annotation's 256 KiB), and a fixture
+/// whose matrix does not fit its GPUs is refused with the field named. A topology of a future
+/// version is dropped, not the node's whole inventory.
+#[test]
+fn topology_is_published_bounded_and_checked() {
+    use crate::topology::{GpuTopology, Link};
+    let inv = builtin("a100-nvlink-pairs");
+    let with = PublishedInventory::of(&inv);
+    let back = PublishedInventory::decode(&with.encode()).unwrap();
+    assert_eq!(back.topology, inv.topology);
+    let mut without = with.clone();
+    without.topology = None;
+    let added = with.encode().len() - without.encode().len();
+    assert!((300..500).contains(&added), "an 8-GPU matrix adds {added} bytes");
+    let worst = GpuTopology::new(64, |_, _| Link::NvLink(18)).unwrap();
+    let size = serde_json::to_string(&worst).unwrap().len();
+    assert!(size < 24 << 10, "64 GPUs: {size} bytes");
+
+    let future = with
+        .encode()
+        .replace("\"topology\":{\"version\":1", "\"topology\":{\"version\":9");
+    let read = PublishedInventory::decode(&future).unwrap();
+    assert_eq!(read.topology, None);
+    assert_eq!(read.gpus, with.gpus);
+
+    let text = include_str!("../../fixtures/l40s-pcie-switches.yaml");
+    let short = text.replace("\"PHB PHB PIX X\"", "\"PHB PHB PIX\"");
+    assert_ne!(short, text);
+    let e = Fixture::parse(&short, Path::new("l.yaml"))
+        .unwrap()
+        .to_inventory(Path::new("l.yaml"), None)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("topology") && e.to_string().contains("cells"),
+        "{e}"
+    );
+}
