@@ -267,6 +267,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
             rule(&[""], &["nodes"], &["get", "list", "watch"]),
             rule(&[""], &["pods"], &["get", "list", "watch", "patch"]),
             rule(&[""], &["pods/binding"], &["create"]),
+            rule(&[""], &["events"], &["create", "patch"]),
         ]),
         ..Default::default()
     });

@@ -1,7 +1,7 @@
 //! An in-process fake Kubernetes API server that speaks real Kubernetes JSON: list and watch
 //! (with resourceVersion replay), get, create, replace (optimistic concurrency on
 //! `resourceVersion`), merge patch (with the UID precondition), delete, `pods/binding`, for
-//! Nodes, Pods and coordination.k8s.io Leases. Objects are stored as JSON and typed at the
+//! Nodes, Pods, core/v1 Events (list, watch, create) and coordination.k8s.io Leases. Objects are stored as JSON and typed at the
 //! test-facing edge with k8s-openapi, so kube-rs clients run against it unchanged.
 //!
 //! ```no_run
@@ -38,12 +38,14 @@ pub enum Kind {
     Pod,
     /// coordination.k8s.io/v1 Lease.
     Lease,
+    /// core/v1 Event.
+    Event,
 }
 
 impl Kind {
     fn api_version(self) -> &'static str {
         match self {
-            Kind::Node | Kind::Pod => "v1",
+            Kind::Node | Kind::Pod | Kind::Event => "v1",
             Kind::Lease => "coordination.k8s.io/v1",
         }
     }
@@ -53,6 +55,7 @@ impl Kind {
             Kind::Node => "Node",
             Kind::Pod => "Pod",
             Kind::Lease => "Lease",
+            Kind::Event => "Event",
         }
     }
 }
@@ -544,6 +547,22 @@ fn router(inner: Arc<Inner>) -> Router {
             axum::routing::post(|State(i): S, Path((ns, n)): Path<(String, String)>, b: Bytes| bind_pod(i, ns, n, b)),
         )
         .route(
+            "/api/v1/events",
+            get(|State(i): S, Query(q): Query<ListQuery>| list_or_watch(i, Kind::Event, None, q)),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/events",
+            get(|State(i): S, Path(ns): Path<String>, Query(q): Query<ListQuery>| {
+                list_or_watch(i, Kind::Event, Some(ns), q)
+            })
+            .post(|State(i): S, Path(ns): Path<String>, b: Bytes| async move {
+                respond(
+                    parse_body(&b).and_then(|v| i.create(Kind::Event, &ns, v)),
+                    StatusCode::CREATED,
+                )
+            }),
+        )
+        .route(
             "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
             get(|State(i): S, Path(ns): Path<String>, Query(q): Query<ListQuery>| {
                 list_or_watch(i, Kind::Lease, Some(ns), q)
@@ -682,6 +701,16 @@ impl FakeApiServer {
                 Ok(())
             })
             .is_ok()
+    }
+
+    /// Every core/v1 Event, in name order.
+    pub fn events(&self) -> Vec<k8s_openapi::api::core::v1::Event> {
+        let s = self.inner.store.lock().unwrap();
+        s.objects
+            .iter()
+            .filter(|((k, _, _), _)| *k == Kind::Event)
+            .filter_map(|(_, v)| serde_json::from_value(v.clone()).ok())
+            .collect()
     }
 
     /// The raw JSON of a Lease.

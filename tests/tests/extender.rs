@@ -960,3 +960,55 @@ async fn multi_gpu_pods_get_connected_cards_from_the_published_topology() -> any
     );
     Ok(())
 }
+
+/// Binds leave Events on the pod that `kubectl describe pod` shows: which GPUs on a bind, why
+/// on a failed one, and a scheduler retrying the same failure does not repeat it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binds_are_told_in_pod_events() -> anyhow::Result<()> {
+    let (api, mut r) = cluster(&[("t1", "t4x2")]).await?;
+    let ok = api.create_pod(&share_pod("ok", 30, 4))?;
+    assert_eq!(bind(&mut r.http, &ok, "t1").await?, "");
+    let a = allocation_of(&api, "ok").expect("bound");
+    let uuid = a.containers[0].devices[0].card_uuid().to_string();
+    eventually(5, "the bound event", || {
+        api.events().iter().any(|e| {
+            e.involved_object.name.as_deref() == Some("ok")
+                && e.reason.as_deref() == Some("TesseraBound")
+                && e.type_.as_deref() == Some("Normal")
+                && e.message.as_deref().is_some_and(|m| {
+                    m.starts_with("bound to t1: main: GPU ") && m.contains(&uuid) && m.contains("30% + 4096 MiB")
+                })
+        })
+    })
+    .await?;
+
+    // Two whole cards on a node that has one idle: refused, told once however often retried.
+    let big = api.create_pod(&pod("big", &[("main", &[("tessera.io/gpu-core", "200")])]))?;
+    for _ in 0..3 {
+        let err = bind(&mut r.http, &big, "t1").await?;
+        assert!(err.contains("needs 2 idle whole GPU(s), 1 idle"), "{err}");
+    }
+    eventually(5, "the failure event", || {
+        api.events()
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("TesseraBindFailed"))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let failures: Vec<_> = api
+        .events()
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some("big"))
+        .collect();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    let e = &failures[0];
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    assert_eq!(e.involved_object.uid, big.metadata.uid);
+    assert!(
+        e.message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("binding to t1 failed: ")),
+        "{e:?}"
+    );
+    Ok(())
+}

@@ -11,6 +11,7 @@ use thiserror::Error;
 use tracing::{info, warn};
 
 use super::Service;
+use super::events::PodRef;
 use super::wire::ExtenderBindingArgs;
 
 /// Why a bind failed.
@@ -106,8 +107,20 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
         Some(n) => return Err(BindError::BoundElsewhere(n.to_string())),
         None => {}
     }
-    let ask = svc.cluster.ask(&pod)?;
-    let allocation = svc.cluster.reserve(&uid, &args.node, &ask)?;
+    let who = PodRef {
+        namespace: args.pod_namespace.clone(),
+        name: args.pod_name.clone(),
+        uid: uid.clone(),
+    };
+    let failed = |e: BindError| {
+        svc.events.bind_failed(&svc.client, &who, &args.node, &e.to_string());
+        e
+    };
+    let ask = svc.cluster.ask(&pod).map_err(|e| failed(e.into()))?;
+    let allocation = svc
+        .cluster
+        .reserve(&uid, &args.node, &ask)
+        .map_err(|e| failed(e.into()))?;
     let result = async {
         if let Some(a) = &allocation {
             let signed = svc.cluster.keys().sign(a);
@@ -151,6 +164,7 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
     match result {
         Ok(()) => {
             svc.cluster.confirm(&uid);
+            svc.events.bound(&svc.client, &who, &args.node, allocation.as_ref());
             info!(
                 pod = args.pod_name,
                 namespace = args.pod_namespace,
@@ -166,11 +180,16 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
                 && now.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(args.node.as_str())
             {
                 svc.cluster.confirm(&uid);
+                svc.events.bound(&svc.client, &who, &args.node, allocation.as_ref());
                 return Ok(());
             }
             warn!(pod = args.pod_name, namespace = args.pod_namespace, node = args.node, error = %e, "bind failed; reservation released");
             svc.cluster.release(&uid);
-            Err(e)
+            // Losing the lease is not the pod's story.
+            Err(match e {
+                BindError::NotLeader => e,
+                e => failed(e),
+            })
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod bind;
 pub mod cluster;
+pub mod events;
 pub mod http;
 pub mod leader;
 pub mod metrics;
@@ -37,6 +38,8 @@ pub struct Service {
     leading: tokio_watch::Receiver<bool>,
     /// Metrics.
     pub metrics: Metrics,
+    /// Events on pods (bound, bind failed).
+    pub events: events::Recorder,
 }
 
 impl Service {
@@ -135,6 +138,7 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
         client,
         leading: leading_rx,
         metrics: Metrics::default(),
+        events: events::Recorder::default(),
     });
     let app = http::router(service.clone(), &cfg.prefix, cfg.body_limit);
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
