@@ -1,0 +1,98 @@
+//! `kubectl tessera`: the cluster's Tessera GPUs per node and card (`inspect`), and what one pod
+//! asked for and was given (`pod`). Reads what the node agents publish (`tessera.io/inventory`)
+//! and what the extender decided (`tessera.io/allocation`), with the caller's kubeconfig.
+
+pub mod pod;
+pub mod render;
+pub mod view;
+
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::ListParams;
+use kube::{Api, Client};
+use tessera_core::request::RequestOptions;
+use thiserror::Error;
+
+pub use render::Output;
+pub use view::ClusterView;
+
+/// Why a command could not answer.
+#[derive(Debug, Error)]
+pub enum CliError {
+    /// No node publishes a Tessera inventory.
+    #[error(
+        "no Tessera nodes: no node carries the tessera.io/inventory annotation (is the tessera-node DaemonSet running?)"
+    )]
+    NoTesseraNodes,
+    /// The named node is not a Tessera node.
+    #[error("node {0:?} is not a Tessera node (no tessera.io/inventory annotation, or no such node)")]
+    NodeNotFound(String),
+    /// The named pod does not exist.
+    #[error("pod {namespace}/{name} not found")]
+    PodNotFound {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// An API call failed.
+    #[error("{what}: {source}")]
+    Api {
+        /// What was being read.
+        what: &'static str,
+        /// The error.
+        source: kube::Error,
+    },
+}
+
+fn api(what: &'static str) -> impl FnOnce(kube::Error) -> CliError {
+    move |source| CliError::Api { what, source }
+}
+
+/// `inspect [NODE]`: every Tessera node's GPUs (or one node's).
+pub async fn inspect(client: &Client, node: Option<&str>, output: Output) -> Result<String, CliError> {
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(api("listing nodes"))?
+        .items;
+    let pods = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(api("listing pods"))?
+        .items;
+    let mut view = ClusterView::build(&nodes, &pods);
+    if view.nodes.is_empty() {
+        return Err(CliError::NoTesseraNodes);
+    }
+    if let Some(name) = node {
+        view.nodes.retain(|n| n.name == name);
+        if view.nodes.is_empty() {
+            return Err(CliError::NodeNotFound(name.to_string()));
+        }
+        view.problems.retain(|p| p.contains(&format!(" {name}")));
+    }
+    Ok(render::inspect(&view, output))
+}
+
+/// `pod NAME`: what the pod asked for, was given and why it waits.
+pub async fn pod(client: &Client, namespace: &str, name: &str, opts: &RequestOptions) -> Result<String, CliError> {
+    let pod = Api::<Pod>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(api("reading the pod"))?
+        .ok_or_else(|| CliError::PodNotFound {
+            namespace: namespace.into(),
+            name: name.into(),
+        })?;
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(api("listing nodes"))?
+        .items;
+    let events = Api::<Event>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .map_err(api("listing events"))?
+        .items;
+    Ok(pod::report(&pod, &nodes, &events, opts))
+}

@@ -1,0 +1,261 @@
+//! The cluster as `kubectl tessera` shows it: each Tessera node's cards from its published
+//! inventory, and on each card the pods whose hand-off allocation names it, checked against
+//! the inventory (a device the node does not have is reported, not shown as allocated).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde::Serialize;
+use tessera_core::handoff::{AllocatedDevice, Allocation};
+use tessera_core::inventory::PublishedInventory;
+use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_INVENTORY};
+use tessera_core::request::ContainerRole;
+
+/// A pod's use of one card.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CardPod {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The container(s) using the card.
+    pub containers: Vec<String>,
+    /// What it holds there: `30% + 8192 MiB`, `whole`, `MIG 1g.5gb`.
+    pub holds: String,
+}
+
+/// One card of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CardView {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-<uuid>`.
+    pub uuid: String,
+    /// Model.
+    pub model: String,
+    /// NUMA node.
+    pub numa_node: Option<u32>,
+    /// `Healthy`, or why not.
+    pub health: String,
+    /// Total memory, MiB.
+    pub memory_mib: u64,
+    /// Compute allocated, percent (100 for a whole card).
+    pub core_allocated: u32,
+    /// Memory allocated, MiB.
+    pub memory_allocated_mib: u64,
+    /// MIG devices `(used, total)`, when the card is in MIG mode.
+    pub mig: Option<(usize, usize)>,
+    /// Pods on the card, sorted.
+    pub pods: Vec<CardPod>,
+}
+
+/// One Tessera node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeView {
+    /// Node name.
+    pub name: String,
+    /// How it enforces shares.
+    pub share_enforcement: String,
+    /// Why its GPUs cannot be used, when they cannot.
+    pub not_ready: Option<String>,
+    /// Cards by index.
+    pub cards: Vec<CardView>,
+}
+
+/// Every Tessera node, by name, and what did not add up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClusterView {
+    /// Nodes publishing a Tessera inventory.
+    pub nodes: Vec<NodeView>,
+    /// Allocations that do not match their node's inventory, for people to look at.
+    pub problems: Vec<String>,
+}
+
+/// A pod's allocation, when it has a readable one.
+pub fn allocation_of(pod: &Pod) -> Option<Result<Allocation, String>> {
+    let v = pod.metadata.annotations.as_ref()?.get(ANNOTATION_ALLOCATION)?;
+    Some(Allocation::decode(v).map_err(|e| e.to_string()))
+}
+
+/// `namespace/name`.
+pub fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn running(pod: &Pod) -> bool {
+    !matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// What one device holds, for people.
+pub fn holds(d: &AllocatedDevice) -> String {
+    match d {
+        AllocatedDevice::Gpu { exclusive: true, .. } => "whole".into(),
+        AllocatedDevice::Gpu {
+            core_percent,
+            memory_mib,
+            ..
+        } => format!("{core_percent}% + {memory_mib} MiB"),
+        AllocatedDevice::Mig { profile, .. } => format!("MIG {profile}"),
+    }
+}
+
+impl ClusterView {
+    /// The view of `nodes` (those without a Tessera inventory are left out) and `pods`.
+    pub fn build(nodes: &[Node], pods: &[Pod]) -> Self {
+        let mut problems = Vec::new();
+        let mut views: BTreeMap<String, NodeView> = BTreeMap::new();
+        for n in nodes {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            let Some(text) = n
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_INVENTORY))
+            else {
+                continue;
+            };
+            let inv = match PublishedInventory::decode(text) {
+                Ok(inv) => inv,
+                Err(e) => {
+                    problems.push(format!("node {name}: {e}"));
+                    continue;
+                }
+            };
+            let mut cards: Vec<CardView> = inv
+                .gpus
+                .iter()
+                .map(|g| CardView {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    model: g.model.clone(),
+                    numa_node: g.numa_node,
+                    health: match &g.health {
+                        tessera_core::inventory::Health::Healthy => "Healthy".into(),
+                        tessera_core::inventory::Health::Unhealthy { reason } => format!("Unhealthy: {reason}"),
+                    },
+                    memory_mib: g.memory_mib,
+                    core_allocated: 0,
+                    memory_allocated_mib: 0,
+                    mig: g.mig_enabled.then_some((0, g.mig_devices.len())),
+                    pods: Vec::new(),
+                })
+                .collect();
+            cards.sort_by_key(|c| c.index);
+            views.insert(
+                name.clone(),
+                NodeView {
+                    name,
+                    share_enforcement: inv.share_enforcement.to_string(),
+                    not_ready: inv.not_ready.clone(),
+                    cards,
+                },
+            );
+        }
+        for pod in pods.iter().filter(|p| running(p)) {
+            let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
+                continue;
+            };
+            let key = pod_key(pod);
+            let a = match allocation_of(pod) {
+                None => continue,
+                Some(Err(e)) => {
+                    problems.push(format!("pod {key}: unreadable allocation: {e}"));
+                    continue;
+                }
+                Some(Ok(a)) => a,
+            };
+            let Some(view) = views.get_mut(node) else {
+                problems.push(format!(
+                    "pod {key}: bound to {node}, which publishes no Tessera inventory"
+                ));
+                continue;
+            };
+            if a.node != node {
+                problems.push(format!("pod {key}: allocation names node {}, pod is on {node}", a.node));
+                continue;
+            }
+            add_pod(view, &key, &a, &mut problems);
+        }
+        for v in views.values_mut() {
+            for c in &mut v.cards {
+                c.pods.sort_by(|a, b| a.pod.cmp(&b.pod));
+            }
+        }
+        Self {
+            nodes: views.into_values().collect(),
+            problems,
+        }
+    }
+}
+
+/// Charges `a` to the node's cards: app and sidecar containers together, init containers one
+/// at a time (the larger of the two, per card), as the extender does.
+fn add_pod(view: &mut NodeView, key: &str, a: &Allocation, problems: &mut Vec<String>) {
+    // Per card: (running together, largest init), containers, what they hold.
+    #[derive(Default)]
+    struct Use {
+        together: (u32, u64),
+        init: (u32, u64),
+        containers: Vec<String>,
+        holds: Vec<String>,
+        mig: usize,
+    }
+    let mut by_card: BTreeMap<usize, Use> = BTreeMap::new();
+    for c in &a.containers {
+        for d in &c.devices {
+            let Some(pos) = view.cards.iter().position(|card| card.uuid == d.card_uuid()) else {
+                problems.push(format!(
+                    "pod {key}: container {} has {} {}, which node {} does not have",
+                    c.name,
+                    if matches!(d, AllocatedDevice::Mig { .. }) {
+                        "MIG device"
+                    } else {
+                        "GPU"
+                    },
+                    d.uuid(),
+                    view.name
+                ));
+                continue;
+            };
+            let u = by_card.entry(pos).or_default();
+            let amount = match d {
+                AllocatedDevice::Gpu {
+                    core_percent,
+                    memory_mib,
+                    ..
+                } => (*core_percent, *memory_mib),
+                AllocatedDevice::Mig { .. } => {
+                    u.mig += 1;
+                    (0, 0)
+                }
+            };
+            if c.role == ContainerRole::Init {
+                u.init = (u.init.0.max(amount.0), u.init.1.max(amount.1));
+            } else {
+                u.together = (u.together.0 + amount.0, u.together.1 + amount.1);
+            }
+            if !u.containers.contains(&c.name) {
+                u.containers.push(c.name.clone());
+            }
+            u.holds.push(holds(d));
+        }
+    }
+    for (pos, u) in by_card {
+        let card = &mut view.cards[pos];
+        card.core_allocated += u.together.0.max(u.init.0);
+        card.memory_allocated_mib += u.together.1.max(u.init.1);
+        if let Some((used, _)) = &mut card.mig {
+            *used += u.mig;
+        }
+        card.pods.push(CardPod {
+            pod: key.to_string(),
+            containers: u.containers,
+            holds: u.holds.join(", "),
+        });
+    }
+}
