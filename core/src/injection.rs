@@ -43,6 +43,8 @@ pub struct Grant {
     pub enforced_by: Option<ShareEnforcement>,
     /// For a container with a share: its limits.
     pub share: Option<ShareLimits>,
+    /// The container's devices, as the allocation gives them.
+    pub devices: Vec<AllocatedDevice>,
 }
 
 /// Why a container that asked for Tessera resources must not be created.
@@ -207,6 +209,7 @@ pub fn decide(
     grant.env.insert("CUDA_VISIBLE_DEVICES".into(), visible.join(","));
     grant.env.insert("NVIDIA_VISIBLE_DEVICES".into(), "void".into());
     grant.uuids = visible;
+    grant.devices = mine.devices.clone();
     Ok(Injection::Grant(grant))
 }
 

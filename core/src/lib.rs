@@ -14,4 +14,5 @@ pub mod placement;
 pub mod policy;
 pub mod quantity;
 pub mod request;
+pub mod telemetry;
 pub mod topology;

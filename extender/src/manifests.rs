@@ -62,6 +62,8 @@ const EXTENDER: &str = "tessera-extender";
 const SCHEDULER: &str = "tessera-scheduler";
 const NODE: &str = "tessera-node";
 const EXTENDER_PORT: i32 = 8888;
+/// Where the node DaemonSet serves its GPU metrics (the NRI plugin's `--metrics-listen`).
+const NODE_METRICS_PORT: i32 = 9403;
 
 /// MIG profiles listed as scheduler-managed resources (A100 and H100 families).
 const MIG_PROFILES: &[&str] = &[
@@ -530,7 +532,15 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                 ..Default::default()
             },
             template: PodTemplateSpec {
-                metadata: Some(meta(NODE, None)),
+                metadata: Some(ObjectMeta {
+                    // Prometheus' usual pod discovery scrapes the NRI plugin's GPU metrics.
+                    annotations: Some(BTreeMap::from([
+                        ("prometheus.io/scrape".to_string(), "true".to_string()),
+                        ("prometheus.io/port".to_string(), NODE_METRICS_PORT.to_string()),
+                        ("prometheus.io/path".to_string(), "/metrics".to_string()),
+                    ])),
+                    ..meta(NODE, None)
+                }),
                 spec: Some(PodSpec {
                     service_account_name: Some(NODE.into()),
                     priority_class_name: Some("system-node-critical".into()),
@@ -575,29 +585,42 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                                 host_root_mount.clone(),
                             ],
                         ),
-                        container(
-                            "nri-plugin",
-                            "tessera-nri-plugin",
-                            vec![
-                                "run".into(),
-                                "--socket=/var/run/nri/nri.sock".into(),
-                                "--keys-dir=/etc/tessera/keys".into(),
-                                "--cdi-dir=/var/run/cdi".into(),
-                            ],
-                            vec![
-                                // The directory, not the socket: a runtime restart recreates it.
-                                mount("nri", "/var/run/nri", false),
-                                mount("cdi", "/var/run/cdi", true),
-                                mount("handoff-keys", "/etc/tessera/keys", true),
-                                // Each card's MPS daemon state, read before a share is admitted.
-                                mount("mps", DEFAULT_MPS_ROOT, true),
-                                // Hook mode: each share container's limits are written here.
-                                mount("hook", DEFAULT_HOOK_ROOT, !hook_mode),
-                                // For `tessera-nri-plugin check`: runtime configs, driver, /dev.
-                                host_root_mount.clone(),
-                                mount("dev", "/dev", true),
-                            ],
-                        ),
+                        Container {
+                            ports: Some(vec![ContainerPort {
+                                name: Some("metrics".into()),
+                                container_port: NODE_METRICS_PORT,
+                                ..Default::default()
+                            }]),
+                            ..container(
+                                "nri-plugin",
+                                "tessera-nri-plugin",
+                                vec![
+                                    "run".into(),
+                                    "--socket=/var/run/nri/nri.sock".into(),
+                                    "--keys-dir=/etc/tessera/keys".into(),
+                                    "--cdi-dir=/var/run/cdi".into(),
+                                    // The node's GPU metrics: NVML from the host's driver, GPU
+                                    // processes mapped to containers through the host's /proc.
+                                    format!("--metrics-listen=0.0.0.0:{NODE_METRICS_PORT}"),
+                                    "--host-root=/host".into(),
+                                    "--proc-root=/host/proc".into(),
+                                ],
+                                vec![
+                                    // The directory, not the socket: a runtime restart recreates it.
+                                    mount("nri", "/var/run/nri", false),
+                                    mount("cdi", "/var/run/cdi", true),
+                                    mount("handoff-keys", "/etc/tessera/keys", true),
+                                    // Each card's MPS daemon state, read before a share is admitted.
+                                    mount("mps", DEFAULT_MPS_ROOT, true),
+                                    // Hook mode: each share container's limits are written here.
+                                    mount("hook", DEFAULT_HOOK_ROOT, !hook_mode),
+                                    // For `tessera-nri-plugin check` (runtime configs, driver, /dev)
+                                    // and the metrics (NVML, /proc).
+                                    host_root_mount.clone(),
+                                    mount("dev", "/dev", true),
+                                ],
+                            )
+                        },
                     ]
                     .into_iter()
                     .chain((opts.share_enforcement == ShareEnforcement::Mps).then(|| Container {

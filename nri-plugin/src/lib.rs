@@ -5,6 +5,7 @@
 pub mod adjust;
 pub mod cdi;
 pub mod check;
+pub mod metrics;
 pub mod mux;
 pub mod plugin;
 pub mod session;

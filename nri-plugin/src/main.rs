@@ -46,6 +46,18 @@ struct RunArgs {
     /// Where the CUDA hook is installed and each hook-mode container's limits are written.
     #[arg(long, env = "TESSERA_HOOK_ROOT", default_value = DEFAULT_HOOK_ROOT)]
     hook_root: PathBuf,
+    /// Serve the node's GPU metrics (Prometheus, `/metrics`) on this address.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// Where the host's /proc is (GPU processes are mapped to containers through it).
+    #[arg(long, default_value = "/proc")]
+    proc_root: PathBuf,
+    /// Where this process sees the host's / (NVML is loaded from the driver found under it).
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
+    /// Read GPU telemetry from this file instead of NVML (tests, GPU-less machines).
+    #[arg(long)]
+    telemetry_fixture: Option<PathBuf>,
 }
 
 #[derive(Parser, Clone)]
@@ -146,6 +158,33 @@ fn plugin(args: &RunArgs) -> anyhow::Result<Arc<TesseraPlugin>> {
     ))
 }
 
+/// The metrics' sources: the telemetry fixture, else NVML (without it, allocations only).
+fn node_metrics(args: &RunArgs) -> tessera_nri_plugin::metrics::NodeMetrics {
+    use tessera_core::telemetry::{FixtureTelemetry, NvmlTelemetry, TelemetrySource};
+    let telemetry: Option<Box<dyn TelemetrySource>> = match &args.telemetry_fixture {
+        Some(path) => Some(Box::new(FixtureTelemetry { path: path.clone() })),
+        None => {
+            let source = tessera_core::inventory::NvmlSource {
+                host_root: args.host_root.clone(),
+                ..Default::default()
+            };
+            match source.open() {
+                Ok(nvml) => Some(Box::new(NvmlTelemetry::new(nvml))),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no GPU telemetry: metrics report allocations only");
+                    None
+                }
+            }
+        }
+    };
+    tessera_nri_plugin::metrics::NodeMetrics {
+        telemetry,
+        proc_root: args.proc_root.clone(),
+        enforcement: args.share_enforcement,
+        mps: MpsLayout::new(&args.mps_root),
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -182,6 +221,18 @@ async fn main() -> anyhow::Result<()> {
         idx: args.idx.clone(),
     };
     let plugin = plugin(&args)?;
+    if let Some(listen) = args.metrics_listen {
+        let metrics = std::sync::Arc::new(node_metrics(&args));
+        let plugin = plugin.clone();
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("listening for metrics on {listen}"))?;
+        tokio::spawn(async move {
+            if let Err(e) = tessera_nri_plugin::metrics::serve(listener, metrics, plugin).await {
+                tracing::error!(error = %e, "the metrics endpoint stopped");
+            }
+        });
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     session::run_external(args.socket.clone(), id, plugin, async move {
         tokio::select! {

@@ -55,6 +55,22 @@ pub struct PluginConfig {
     pub hook: HookLayout,
 }
 
+/// A container Tessera gave GPUs to: whose it is and what it has (for the node's metrics).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Tracked {
+    /// Injected UUIDs, comma-separated (as in the `tessera.io/injected` annotation).
+    pub uuids: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// Its devices, from the pod's allocation (empty when a runtime reported the container
+    /// without its pod's allocation).
+    pub devices: Vec<tessera_core::handoff::AllocatedDevice>,
+}
+
 /// The plugin's state, shared by all sessions (it survives reconnects).
 pub struct TesseraPlugin {
     config: PluginConfig,
@@ -63,9 +79,9 @@ pub struct TesseraPlugin {
     /// Where the keys come from, re-read when an allocation names a key we lack (rotation).
     keys_dir: Option<PathBuf>,
     cdi: Mutex<CdiResolver>,
-    /// Container id -> injected UUIDs.
-    injected: Mutex<HashMap<String, String>>,
-    sync: Mutex<Vec<api::Container>>,
+    /// Container id -> what it was given and whose it is.
+    injected: Mutex<HashMap<String, Tracked>>,
+    sync: Mutex<(Vec<api::PodSandbox>, Vec<api::Container>)>,
     syncs: tokio::sync::watch::Sender<u64>,
 }
 
@@ -91,7 +107,7 @@ impl TesseraPlugin {
             config,
             cdi,
             injected: Mutex::new(HashMap::new()),
-            sync: Mutex::new(Vec::new()),
+            sync: Mutex::new((Vec::new(), Vec::new())),
             syncs,
         }
     }
@@ -151,6 +167,16 @@ impl TesseraPlugin {
 
     /// Container id -> injected UUIDs, as the plugin knows it.
     pub fn injected(&self) -> HashMap<String, String> {
+        self.injected
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .map(|(id, t)| (id.clone(), t.uuids.clone()))
+            .collect()
+    }
+
+    /// Container id -> the containers Tessera gave GPUs to.
+    pub fn tracked(&self) -> HashMap<String, Tracked> {
         self.injected.lock().expect("not poisoned").clone()
     }
 
@@ -191,10 +217,16 @@ impl TesseraPlugin {
                             container.name, grant.cdi_devices
                         )
                     })?;
-                self.injected
-                    .lock()
-                    .expect("not poisoned")
-                    .insert(container.id.clone(), grant.uuids.join(","));
+                self.injected.lock().expect("not poisoned").insert(
+                    container.id.clone(),
+                    Tracked {
+                        uuids: grant.uuids.join(","),
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        container: container.name.clone(),
+                        devices: grant.devices.clone(),
+                    },
+                );
                 let mut adj = adjust::grant(&grant, &edits, &container.env);
                 if grant.enforced_by == Some(ShareEnforcement::Hook)
                     && let Some(limits) = &grant.share
@@ -264,17 +296,38 @@ impl Plugin for TesseraPlugin {
         req: api::SynchronizeRequest,
     ) -> ttrpc::Result<api::SynchronizeResponse> {
         let mut buffered = self.sync.lock().expect("not poisoned");
-        buffered.extend(req.containers);
+        buffered.0.extend(req.pods);
+        buffered.1.extend(req.containers);
         let mut resp = api::SynchronizeResponse::new();
         if req.more {
             // A split sync: acknowledge and wait for the rest.
             resp.more = true;
             return Ok(resp);
         }
-        let containers = std::mem::take(&mut *buffered);
-        let rebuilt: HashMap<String, String> = containers
+        let (pods, containers) = std::mem::take(&mut *buffered);
+        let pods: HashMap<&str, &api::PodSandbox> = pods.iter().map(|p| (p.id.as_str(), p)).collect();
+        let rebuilt: HashMap<String, Tracked> = containers
             .iter()
-            .filter_map(|c| injected_of(c).map(|v| (c.id.clone(), v)))
+            .filter_map(|c| {
+                let uuids = injected_of(c)?;
+                let pod = pods.get(c.pod_sandbox_id.as_str());
+                // For metrics only: the container was admitted when it was created.
+                let devices = pod
+                    .and_then(|p| p.annotations.get(tessera_core::names::ANNOTATION_ALLOCATION))
+                    .and_then(|a| tessera_core::handoff::Allocation::decode(a).ok())
+                    .and_then(|a| a.container(&c.name).map(|m| m.devices.clone()))
+                    .unwrap_or_default();
+                Some((
+                    c.id.clone(),
+                    Tracked {
+                        uuids,
+                        namespace: pod.map(|p| p.namespace.clone()).unwrap_or_default(),
+                        pod: pod.map(|p| p.name.clone()).unwrap_or_default(),
+                        container: c.name.clone(),
+                        devices,
+                    },
+                ))
+            })
             .collect();
         info!(containers = containers.len(), with_gpus = rebuilt.len(), "synchronized");
         if self.config.enforcement == ShareEnforcement::Hook {

@@ -260,6 +260,47 @@ fn spawn_logged(cmd: &mut Command, log: &Path) -> anyhow::Result<Child> {
     Ok(cmd.stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f).spawn()?)
 }
 
+/// Where the plugin serves the node's GPU metrics during the run.
+const METRICS_ADDR: &str = "127.0.0.1:9403";
+
+/// One scrape of the plugin's metrics (the body), or the error.
+async fn scrape() -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(METRICS_ADDR).await?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).await?;
+    Ok(reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or(reply))
+}
+
+/// Scrapes until `stop`, keeping the scrape with the most per-container use series.
+fn scrape_while_running(stop: tokio::sync::oneshot::Receiver<()>) -> tokio::task::JoinHandle<String> {
+    tokio::spawn(async move {
+        let mut stop = stop;
+        let mut best = String::new();
+        let count = |t: &str| {
+            t.lines()
+                .filter(|l| l.starts_with("tessera_container_gpu_memory_used_bytes{"))
+                .count()
+        };
+        loop {
+            if let Ok(text) = scrape().await
+                && count(&text) >= count(&best)
+            {
+                best = text;
+            }
+            tokio::select! {
+                _ = &mut stop => return best,
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            }
+        }
+    })
+}
+
 /// Starts the release NRI plugin against `c` (in `mode`) and waits for it to synchronise.
 fn start_plugin(
     a: &Args,
@@ -282,7 +323,8 @@ fn start_plugin(
             .arg("--node-name")
             .arg(NODE)
             .arg("--mps-root")
-            .arg(&mps.root),
+            .arg(&mps.root)
+            .args(["--metrics-listen", METRICS_ADDR]),
         log,
     )
     .context("starting tessera-nri-plugin")?;
@@ -499,7 +541,12 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
     let pod = s.pod("whole", vec![AllocatedDevice::whole(&gpu)], false).await?;
     let spec = s.spec(&["/probe", "--bench-ms", "3000"], &[("gpu-core", "100")]);
     let mut base = Baseline::default();
-    let (verdict, observed) = match s.run(&pod, spec).await {
+    let (stop_scraping, scraping) = tokio::sync::oneshot::channel();
+    let scraper = scrape_while_running(scraping);
+    let ran = s.run(&pod, spec).await;
+    let _ = stop_scraping.send(());
+    let metrics = scraper.await.unwrap_or_default();
+    let (verdict, observed) = match ran {
         Ok((code, out)) => {
             let kv = parse(&out);
             base = Baseline {
@@ -516,6 +563,30 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
         format!("1 device ({}), all SMs, {} MiB, no MPS", gpu.model, gpu.memory_mib),
         observed,
         verdict,
+    ));
+    // The node's metrics while that container ran: on a GPU, its process's memory attributed
+    // to it through its cgroup; dry, allocations only (no NVML).
+    let series = |prefix: &str| -> Vec<&str> { metrics.lines().filter(|l| l.starts_with(prefix)).collect() };
+    let used = series("tessera_container_gpu_memory_used_bytes{");
+    let allocated = series("tessera_container_gpu_allocated_core_ratio{");
+    let up = series("tessera_telemetry_up").join(" ");
+    let ok = if dry {
+        !allocated.is_empty()
+    } else {
+        up.ends_with(" 1")
+            && used
+                .iter()
+                .any(|l| l.contains("container=\"main\"") && !l.ends_with(" 0.0"))
+    };
+    rows.push(row(
+        "node metrics while it ran",
+        if dry {
+            "the container's allocation (no NVML dry)".into()
+        } else {
+            "telemetry up; the container's GPU memory attributed to it".into()
+        },
+        format!("{up}; used {used:?}; allocated {allocated:?}"),
+        pass(ok),
     ));
 
     // A 30% + 8 GiB share, alone.

@@ -365,6 +365,7 @@ async fn nri(version: Version) -> anyhow::Result<()> {
         gi: m.gi,
         ci: m.ci,
     };
+    let mig_device = mig.clone();
     let pod = e.pod("mig", NODE, vec![("main", vec![mig])], None).await?;
     let cid =
         e.c.create_container(
@@ -394,6 +395,10 @@ async fn nri(version: Version) -> anyhow::Result<()> {
     assert!(has_env(&s, &format!("CUDA_VISIBLE_DEVICES={}", m.uuid)));
     run_checked(&mut e.c, &cid).await?;
     assert!(plugin.injected().contains_key(&cid));
+    // The node's metrics know whose container it is and what it holds.
+    let t = &plugin.tracked()[&cid];
+    assert_eq!((t.container.as_str(), &t.devices), ("main", &vec![mig_device]), "{t:?}");
+    assert!(!t.pod.is_empty() && !t.namespace.is_empty(), "{t:?}");
 
     // Runtime restart: the plugin reconnects (a new Synchronize) and the next container is
     // still injected.
@@ -446,6 +451,12 @@ async fn nri(version: Version) -> anyhow::Result<()> {
         known.get(&cid).map(String::as_str),
         Some(a100.gpus[3].uuid.as_str()),
         "{known:?}"
+    );
+    // Rebuilt from Synchronize: the pod's names and the allocation's devices.
+    let t = &fresh.tracked()[&cid];
+    assert!(
+        !t.pod.is_empty() && t.devices.iter().any(|d| d.card_uuid() == a100.gpus[3].uuid),
+        "{t:?}"
     );
     let _ = stop2.send(());
     task2.await?;

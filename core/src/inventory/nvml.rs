@@ -116,6 +116,12 @@ impl NvmlSource {
     /// Loads NVML: the given library; else, on the host, the loader's search; else the
     /// `libnvidia-ml` the driver search finds (in a container that sees the host under
     /// `host_root`). Returns it with the host directory it was loaded from, when known.
+    /// NVML, loaded as [`InventorySource::discover`] loads it (the library named, else the
+    /// driver's under the host root, else the loader's search path).
+    pub fn open(&self) -> Result<Nvml, InventoryError> {
+        self.init().map(|(nvml, _)| nvml)
+    }
+
     fn init(&self) -> Result<(Nvml, Option<PathBuf>), InventoryError> {
         if let Some(lib) = &self.library {
             let nvml = self.load(Some(lib))?;
