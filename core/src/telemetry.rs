@@ -4,6 +4,7 @@
 //! attributes a process to a container through its cgroup.
 
 mod nvml;
+pub mod xid;
 
 use std::path::{Path, PathBuf};
 
@@ -41,9 +42,19 @@ pub struct GpuSample {
     pub memory_used_mib: u64,
     /// SM utilization over the last sample, percent.
     pub sm_percent: u32,
+    /// The card answers (NVML reads succeed).
+    #[serde(default = "answers")]
+    pub healthy: bool,
+    /// Critical XID errors seen since the source started.
+    #[serde(default)]
+    pub xid_errors: u64,
     /// Processes with a context on it.
     #[serde(default)]
     pub processes: Vec<ProcessSample>,
+}
+
+fn answers() -> bool {
+    true
 }
 
 /// Anything that can tell what the cards are doing.

@@ -84,61 +84,11 @@ impl HealthState {
 /// Watches NVML for critical XID errors on a blocking thread and forwards them. Returns an
 /// error at once when NVML cannot be loaded.
 pub fn watch_nvml(tx: tokio::sync::mpsc::UnboundedSender<HealthEvent>) -> anyhow::Result<std::thread::JoinHandle<()>> {
-    use nvml_wrapper::Nvml;
-    use nvml_wrapper::bitmasks::event::EventTypes;
-    use nvml_wrapper::enums::event::XidError;
-    let nvml = Nvml::init()?;
-    let handle = std::thread::Builder::new().name("nvml-health".into()).spawn(move || {
-        // A failed registration consumes the set: rebuild it without the GPUs that refuse.
-        let count = nvml.device_count().unwrap_or(0);
-        let mut skip = std::collections::BTreeSet::new();
-        let set = 'build: loop {
-            let mut set = match nvml.create_event_set() {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "NVML event set unavailable: no XID health checks");
-                    return;
-                }
-            };
-            for i in (0..count).filter(|i| !skip.contains(i)) {
-                let Ok(dev) = nvml.device_by_index(i) else { continue };
-                set = match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(index = i, error = %e.error, "cannot watch XIDs on this GPU");
-                        skip.insert(i);
-                        continue 'build;
-                    }
-                };
-            }
-            break set;
-        };
-        loop {
-            match set.wait(5000) {
-                Ok(ev) => {
-                    let xid = match ev.event_data {
-                        Some(XidError::Value(x)) => x,
-                        _ => u64::MAX,
-                    };
-                    if let Ok(uuid) = ev.device.uuid()
-                        && tx.send(HealthEvent::Xid { uuid, xid }).is_err()
-                    {
-                        return;
-                    }
-                }
-                Err(nvml_wrapper::error::NvmlError::Timeout) => {
-                    if tx.is_closed() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "NVML event wait failed; health checks stop");
-                    return;
-                }
-            }
-        }
-    })?;
-    Ok(handle)
+    let nvml = std::sync::Arc::new(nvml_wrapper::Nvml::init()?);
+    Ok(tessera_core::telemetry::xid::watch(nvml, move |event| match event {
+        Some((uuid, xid)) => tx.send(HealthEvent::Xid { uuid, xid }).is_ok(),
+        None => !tx.is_closed(),
+    })?)
 }
 
 #[cfg(test)]

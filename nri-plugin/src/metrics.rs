@@ -108,6 +108,13 @@ impl NodeMetrics {
             "gpu_unattributed_memory_bytes",
             "Card memory held by processes of no Tessera container",
         );
+        let healthy = family(&mut reg, "gpu_healthy", "1 while the card answers NVML");
+        let xids = Family::<Card, prometheus_client::metrics::counter::Counter>::default();
+        reg.register(
+            "gpu_xid_errors",
+            "Critical XID errors seen since the plugin started",
+            xids.clone(),
+        );
         let mps_ready = family(
             &mut reg,
             "gpu_mps_daemon_ready",
@@ -188,6 +195,8 @@ impl NodeMetrics {
             mem_total.get_or_create(&k).set(s.memory_total_mib as f64 * MIB);
             mem_used.get_or_create(&k).set(s.memory_used_mib as f64 * MIB);
             sm.get_or_create(&k).set(f64::from(s.sm_percent) / 100.0);
+            healthy.get_or_create(&k).set(if s.healthy { 1.0 } else { 0.0 });
+            xids.get_or_create(&k).inc_by(s.xid_errors);
             if self.enforcement == ShareEnforcement::Mps {
                 let ready = self.mps.ready(&s.uuid, std::time::SystemTime::now()).is_ok();
                 mps_ready.get_or_create(&k).set(if ready { 1.0 } else { 0.0 });

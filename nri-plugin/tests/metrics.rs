@@ -17,6 +17,7 @@ const TELEMETRY: &str = "gpus:
   - { index: 0, uuid: GPU-aaaa, model: NVIDIA A100-SXM4-40GB, memory_total_mib: 40960, memory_used_mib: 9300, sm_percent: 55,
       processes: [ { pid: 100, memory_mib: 6000, sm_percent: 25 }, { pid: 101, memory_mib: 3000, sm_percent: 30 } ] }
   - { index: 1, uuid: GPU-bbbb, model: NVIDIA A100-SXM4-40GB, memory_total_mib: 40960, memory_used_mib: 20500, sm_percent: 90,
+      healthy: false, xid_errors: 2,
       processes: [ { pid: 102, memory_mib: 20000, sm_percent: 88 }, { pid: 200, memory_mib: 500, sm_percent: 2 } ] }
   - { index: 2, uuid: GPU-cccc, model: NVIDIA A100-SXM4-40GB, memory_total_mib: 40960, memory_used_mib: 4000, sm_percent: 10,
       processes: [ { pid: 103, memory_mib: 4000, sm_percent: 10 } ] }
@@ -58,7 +59,10 @@ fn value(samples: &[prometheus_parse::Sample], metric: &str, labels: &[(&str, &s
         .iter()
         .find(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
         .map(|s| match s.value {
-            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+            // (OpenMetrics counters' `_total` samples parse as untyped.)
+            prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v)
+            | prometheus_parse::Value::Counter(v) => v,
             ref other => panic!("{metric}: {other:?}"),
         })
 }
@@ -126,6 +130,9 @@ fn metrics_parse_and_attribute_use_to_containers() {
     assert_eq!(value(s, "tessera_gpu_memory_total_bytes", &g0), Some(40960.0 * mib));
     assert_eq!(value(s, "tessera_gpu_memory_used_bytes", &g0), Some(9300.0 * mib));
     assert_eq!(value(s, "tessera_gpu_sm_utilization_ratio", &g0), Some(0.55));
+    assert_eq!(value(s, "tessera_gpu_healthy", &g0), Some(1.0));
+    assert_eq!(value(s, "tessera_gpu_healthy", &[("gpu", "1")]), Some(0.0));
+    assert_eq!(value(s, "tessera_gpu_xid_errors_total", &[("gpu", "1")]), Some(2.0));
     assert_eq!(value(s, "tessera_gpu_allocated_core_ratio", &g0), Some(0.8));
     assert_eq!(value(s, "tessera_gpu_allocated_memory_bytes", &g0), Some(12288.0 * mib));
     assert_eq!(value(s, "tessera_gpu_allocated_core_ratio", &[("gpu", "1")]), Some(1.0));

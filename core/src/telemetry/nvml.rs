@@ -2,25 +2,43 @@
 //! compute process list, SM share from the process utilization samples since the last call).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 
 use super::{GpuSample, ProcessSample, TelemetrySource};
 
-/// NVML, initialised once; remembers each card's last sample time.
+/// NVML, initialised once; remembers each card's last sample time and counts its XIDs.
 pub struct NvmlTelemetry {
-    nvml: Nvml,
+    nvml: Arc<Nvml>,
     last_seen: Mutex<HashMap<String, u64>>,
+    xids: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl NvmlTelemetry {
-    /// Telemetry from an initialised NVML (see `NvmlSource::open`).
+    /// Telemetry from an initialised NVML (see `NvmlSource::open`); starts counting XIDs.
     pub fn new(nvml: Nvml) -> Self {
+        let nvml = Arc::new(nvml);
+        let xids: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+        let counts = xids.clone();
+        let watching = super::xid::watch(nvml.clone(), move |event| {
+            if let Some((uuid, _)) = event {
+                *counts
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(uuid)
+                    .or_default() += 1;
+            }
+            true
+        });
+        if let Err(e) = watching {
+            tracing::warn!(error = %e, "cannot start the XID watch: XID counts stay 0");
+        }
         Self {
             nvml,
             last_seen: Mutex::new(HashMap::new()),
+            xids,
         }
     }
 }
@@ -39,6 +57,14 @@ impl TelemetrySource for NvmlTelemetry {
                 .map_err(|e| format!("nvmlDeviceGetHandleByIndex({i}): {e}"))?;
             let uuid = dev.uuid().map_err(|e| format!("nvmlDeviceGetUUID({i}): {e}"))?;
             let memory = dev.memory_info().ok();
+            let healthy = memory.is_some();
+            let xid_errors = self
+                .xids
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&uuid)
+                .copied()
+                .unwrap_or(0);
             let model = dev.name().unwrap_or_default();
             let sm_percent = dev.utilization_rates().map(|u| u.gpu).unwrap_or(0);
             let mut processes: HashMap<u32, ProcessSample> = dev
@@ -88,6 +114,8 @@ impl TelemetrySource for NvmlTelemetry {
                 memory_total_mib: memory.as_ref().map_or(0, |m| m.total >> 20),
                 memory_used_mib: memory.as_ref().map_or(0, |m| m.used >> 20),
                 sm_percent,
+                healthy,
+                xid_errors,
                 processes,
             });
         }
