@@ -40,6 +40,8 @@ enum Command {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let cli = Cli::parse();
+    // kube's rustls needs a process-wide crypto provider for https API servers.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = match kube::Client::try_default().await {
         Ok(c) => c,
         Err(e) => {
