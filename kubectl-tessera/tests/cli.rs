@@ -44,6 +44,9 @@ async fn reads_the_kubeconfig_and_says_when_there_is_nothing() -> anyhow::Result
 
     let out = kubectl_tessera(&kubeconfig, &["pod", "ghost", "-n", "team"]);
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(String::from_utf8_lossy(&out.stderr), "error: pod team/ghost not found\n");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error: pod team/ghost not found\n"
+    );
     Ok(())
 }
