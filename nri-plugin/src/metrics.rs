@@ -168,7 +168,7 @@ impl NodeMetrics {
             uuid: uuid.to_string(),
         };
         // Allocations, per card and per container (sorted for a stable order of series).
-        let sorted: BTreeMap<&String, &Tracked> = containers.iter().collect();
+        let sorted: BTreeMap<&String, &Tracked> = containers.iter().filter(|(_, t)| !t.stopped).collect();
         let mut per_card: BTreeMap<String, (f64, u64)> = BTreeMap::new();
         for t in sorted.values() {
             for d in &t.devices {
@@ -204,7 +204,7 @@ impl NodeMetrics {
             let mut lost = 0u64;
             for p in &s.processes {
                 let owner = container_of_pid(&self.proc_root, p.pid, sorted.keys().map(|id| id.as_str()));
-                match owner.and_then(|id| containers.get(id)) {
+                match owner.and_then(|id| sorted.get(&id.to_string()).copied()) {
                     Some(t) => {
                         let l = on_card(t, &s.uuid);
                         let m = c_mem.get_or_create(&l);

@@ -33,9 +33,13 @@ pub mod events {
 
 /// The subscription: only events 1..=11 (older runtimes reject higher bits).
 pub fn event_mask() -> i32 {
-    [events::CREATE_CONTAINER, events::REMOVE_CONTAINER]
-        .iter()
-        .fold(0, |m, e| m | (1 << (e - 1)))
+    [
+        events::CREATE_CONTAINER,
+        events::STOP_CONTAINER,
+        events::REMOVE_CONTAINER,
+    ]
+    .iter()
+    .fold(0, |m, e| m | (1 << (e - 1)))
 }
 
 /// Plugin settings.
@@ -69,6 +73,9 @@ pub struct Tracked {
     /// Its devices, from the pod's allocation (empty when a runtime reported the container
     /// without its pod's allocation).
     pub devices: Vec<tessera_core::handoff::AllocatedDevice>,
+    /// Stopped (exited or killed) but not removed yet: it holds no GPU any more (an init
+    /// container that finished, a completed Job's container).
+    pub stopped: bool,
 }
 
 /// The plugin's state, shared by all sessions (it survives reconnects).
@@ -225,6 +232,7 @@ impl TesseraPlugin {
                         pod: pod.name.clone(),
                         container: container.name.clone(),
                         devices: grant.devices.clone(),
+                        stopped: false,
                     },
                 );
                 let mut adj = adjust::grant(&grant, &edits, &container.env);
@@ -248,6 +256,13 @@ impl TesseraPlugin {
                 }
                 Ok(adj)
             }
+        }
+    }
+
+    /// Marks a container stopped: the node's metrics no longer count it.
+    pub fn stopped(&self, id: &str) {
+        if let Some(t) = self.injected.lock().expect("not poisoned").get_mut(id) {
+            t.stopped = true;
         }
     }
 
@@ -325,6 +340,7 @@ impl Plugin for TesseraPlugin {
                         pod: pod.map(|p| p.name.clone()).unwrap_or_default(),
                         container: c.name.clone(),
                         devices,
+                        stopped: c.state.value() == api::ContainerState::CONTAINER_STOPPED as i32,
                     },
                 ))
             })
@@ -380,9 +396,12 @@ impl Plugin for TesseraPlugin {
     async fn stop_container(
         &self,
         _: &TtrpcContext,
-        _: api::StopContainerRequest,
+        req: api::StopContainerRequest,
     ) -> ttrpc::Result<api::StopContainerResponse> {
-        // A stopped container still exists; bookkeeping ends at removal.
+        // A stopped container still exists (its files go at removal) but uses no GPU.
+        if let Some(c) = req.container.as_ref() {
+            self.stopped(&c.id);
+        }
         Ok(api::StopContainerResponse::new())
     }
 
@@ -510,7 +529,7 @@ mod tests {
 
     #[test]
     fn subscribes_only_to_old_events() {
-        assert_eq!(event_mask(), 0x8 | 0x400);
+        assert_eq!(event_mask(), 0x8 | 0x200 | 0x400);
         assert!(event_mask() <= 0x7FF);
     }
 }

@@ -41,6 +41,7 @@ fn tracked(pod: &str, devices: Vec<AllocatedDevice>) -> Tracked {
         pod: pod.into(),
         container: "main".into(),
         devices,
+        stopped: false,
     }
 }
 
@@ -88,6 +89,14 @@ fn metrics_parse_and_attribute_use_to_containers() {
             tracked("infer-b", vec![gpu("GPU-aaaa", 0, 50, 4096, false)]),
         ),
         ("c-whole", tracked("train", vec![gpu("GPU-bbbb", 1, 100, 40960, true)])),
+        // An init container that finished: stopped, not removed, holds nothing.
+        (
+            "c-init",
+            Tracked {
+                stopped: true,
+                ..tracked("infer-a", vec![gpu("GPU-aaaa", 0, 20, 2048, false)])
+            },
+        ),
         (
             "c-mig",
             tracked(

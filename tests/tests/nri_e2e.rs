@@ -399,6 +399,12 @@ async fn nri(version: Version) -> anyhow::Result<()> {
     let t = &plugin.tracked()[&cid];
     assert_eq!((t.container.as_str(), &t.devices), ("main", &vec![mig_device]), "{t:?}");
     assert!(!t.pod.is_empty() && !t.namespace.is_empty(), "{t:?}");
+    // It exited: the runtime says so (StopContainer), and the metrics stop counting it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !plugin.tracked()[&cid].stopped {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "never told the container stopped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     // Runtime restart: the plugin reconnects (a new Synchronize) and the next container is
     // still injected.
