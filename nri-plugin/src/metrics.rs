@@ -155,7 +155,20 @@ impl NodeMetrics {
         });
         up.set(i64::from(samples.is_some()));
         let samples = samples.unwrap_or_default();
-        let index_of: HashMap<&str, u32> = samples.iter().map(|s| (s.uuid.as_str(), s.index)).collect();
+        // Card indices from the telemetry, else (no telemetry) from the allocations.
+        let mut index_of: HashMap<&str, u32> = containers
+            .values()
+            .flat_map(|t| &t.devices)
+            .map(|d| match d {
+                AllocatedDevice::Gpu { uuid, index, .. } => (uuid.as_str(), *index),
+                AllocatedDevice::Mig {
+                    parent_uuid,
+                    parent_index,
+                    ..
+                } => (parent_uuid.as_str(), *parent_index),
+            })
+            .collect();
+        index_of.extend(samples.iter().map(|s| (s.uuid.as_str(), s.index)));
         let card = |uuid: &str| Card {
             gpu: index_of.get(uuid).map_or_else(String::new, u32::to_string),
             uuid: uuid.to_string(),

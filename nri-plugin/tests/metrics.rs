@@ -203,9 +203,10 @@ fn metrics_parse_and_attribute_use_to_containers() {
         value(
             &parsed.samples,
             "tessera_gpu_allocated_core_ratio",
-            &[("uuid", "GPU-aaaa")]
+            &[("gpu", "0"), ("uuid", "GPU-aaaa")]
         ),
-        Some(0.8)
+        Some(0.8),
+        "the card's index from the allocation when there is no telemetry"
     );
 }
 
