@@ -335,8 +335,13 @@ fn choose(
     if want > n {
         return Err(format!("needs {want} idle whole GPU(s), {n} idle"));
     }
-    let mut sorted = candidates.to_vec();
-    sorted.sort_unstable();
+    let sorted: std::borrow::Cow<'_, [usize]> = if candidates.is_sorted() {
+        candidates.into()
+    } else {
+        let mut v = candidates.to_vec();
+        v.sort_unstable();
+        v.into()
+    };
     let pair = |a: usize, b: usize| link(sorted[a], sorted[b]);
     // Pairwise links once (positions into `sorted`).
     let links: Vec<Option<Link>> = (0..n * n)
@@ -350,22 +355,24 @@ fn choose(
                 .all(|(i, &a)| set[i + 1..].iter().all(|&b| at(a, b).is_some_and(|l| r.admits(l))))
         })
     };
+    // How well each card is connected to all the others (for what a set takes from the rest).
+    let affinity = |a: usize, b: usize| u32::from(Link::WORST_COST + 1 - cost(at(a, b)));
+    let connected: Vec<u32> = (0..n)
+        .map(|a| (0..n).filter(|&b| b != a).map(|b| affinity(a, b)).sum())
+        .collect();
     let key = |set: &[usize]| -> (u8, u32, u32) {
-        let (mut worst, mut sum) = (0u8, 0u32);
+        let (mut worst, mut sum, mut inside) = (0u8, 0u32, 0u32);
         for (i, &a) in set.iter().enumerate() {
             for &b in &set[i + 1..] {
                 let c = cost(at(a, b));
                 worst = worst.max(c);
                 sum += u32::from(c);
+                inside += affinity(a, b);
             }
         }
-        // What the set takes from the cards left: the better connected to them, the worse.
-        let mut loss = 0u32;
-        for &a in set {
-            for b in (0..n).filter(|b| !set.contains(b)) {
-                loss += u32::from(Link::WORST_COST + 1 - cost(at(a, b)));
-            }
-        }
+        // What the set takes from the cards left (its links to them): the better connected
+        // to them, the worse.
+        let loss = set.iter().map(|&a| connected[a]).sum::<u32>() - 2 * inside;
         (worst, sum, loss)
     };
     let no_info = links.iter().all(Option::is_none);

@@ -53,6 +53,15 @@ impl Supervisor {
 
 impl Drop for Supervisor {
     fn drop(&mut self) {
+        // SIGTERM first: the supervisor stops its daemons (a SIGKILL would orphan them).
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.0.try_wait().ok().flatten().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }

@@ -96,6 +96,15 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
+        // SIGTERM first: the supervisor stops its daemons (a SIGKILL would orphan them).
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
