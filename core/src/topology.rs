@@ -335,6 +335,15 @@ fn choose(
     if want > n {
         return Err(format!("needs {want} idle whole GPU(s), {n} idle"));
     }
+    if want == n && require.is_none() {
+        // No choice to make (the common case on a busy node).
+        let mut cards = candidates.to_vec();
+        if !cards.is_sorted() {
+            cards.sort_unstable();
+        }
+        let worst = worst_link(link, &cards);
+        return Ok(CardSet { cards, worst });
+    }
     let sorted: std::borrow::Cow<'_, [usize]> = if candidates.is_sorted() {
         candidates.into()
     } else {
@@ -410,12 +419,16 @@ fn choose(
 
 /// The worst link among `cards`, when every link between them is known (`None` for one card).
 pub fn worst_link(link: impl Fn(usize, usize) -> Option<Link> + Copy, cards: &[usize]) -> Option<Link> {
-    cards
-        .iter()
-        .enumerate()
-        .flat_map(|(i, &a)| cards[i + 1..].iter().map(move |&b| link(a, b)))
-        .collect::<Option<Vec<Link>>>()
-        .and_then(|ls| ls.into_iter().max_by_key(|l| l.cost()))
+    let mut worst: Option<Link> = None;
+    for (i, &a) in cards.iter().enumerate() {
+        for &b in &cards[i + 1..] {
+            let l = link(a, b)?;
+            if worst.is_none_or(|w| l.cost() > w.cost()) {
+                worst = Some(l);
+            }
+        }
+    }
+    worst
 }
 
 /// Grows a set from each seed, adding the card that keeps the key lowest; the best result.

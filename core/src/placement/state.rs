@@ -136,7 +136,9 @@ impl NodeState {
             return choose_set(|a, b| self.link(a, b), idle, want, require);
         }
         let mut cards = idle[..want].to_vec();
-        cards.sort_unstable();
+        if !cards.is_sorted() {
+            cards.sort_unstable();
+        }
         Ok(CardSet { cards, worst: None })
     }
 
