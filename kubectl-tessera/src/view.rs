@@ -8,8 +8,10 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 use tessera_core::handoff::{AllocatedDevice, Allocation};
 use tessera_core::inventory::PublishedInventory;
+use tessera_core::ledger::usage_of;
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_INVENTORY};
-use tessera_core::request::ContainerRole;
+use tessera_core::placement::{CARD_MILLI, ClusterState, NodeState, PodDemand};
+use tessera_core::request::{PodRequest, RequestOptions};
 
 /// A pod's use of one card.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -109,6 +111,9 @@ impl ClusterView {
     pub fn build(nodes: &[Node], pods: &[Pod]) -> Self {
         let mut problems = Vec::new();
         let mut views: BTreeMap<String, NodeView> = BTreeMap::new();
+        // The engine's view of each node's cards, to charge pods by the engine's own rule.
+        let mut cluster = ClusterState::new();
+        let mut states: BTreeMap<String, NodeState> = BTreeMap::new();
         for n in nodes {
             let name = n.metadata.name.clone().unwrap_or_default();
             let Some(text) = n
@@ -146,6 +151,20 @@ impl ClusterView {
                 })
                 .collect();
             cards.sort_by_key(|c| c.index);
+            states.insert(
+                name.clone(),
+                NodeState {
+                    name: name.clone(),
+                    cpu_milli: 0,
+                    cpu_used: 0,
+                    memory_bytes: 0,
+                    memory_used: 0,
+                    cards: cluster.cards_from_inventory(&inv.gpus),
+                    schedulable: true,
+                    enforcement: inv.share_enforcement,
+                    topology: None,
+                },
+            );
             views.insert(
                 name.clone(),
                 NodeView {
@@ -179,7 +198,7 @@ impl ClusterView {
                 problems.push(format!("pod {key}: allocation names node {}, pod is on {node}", a.node));
                 continue;
             }
-            add_pod(view, &key, &a, &mut problems);
+            add_pod(view, &states[node], pod, &key, &a, &mut problems);
         }
         for v in views.values_mut() {
             for c in &mut v.cards {
@@ -193,69 +212,72 @@ impl ClusterView {
     }
 }
 
-/// Charges `a` to the node's cards: app and sidecar containers together, init containers one
-/// at a time (the larger of the two, per card), as the extender does.
-fn add_pod(view: &mut NodeView, key: &str, a: &Allocation, problems: &mut Vec<String>) {
-    // Per card: (running together, largest init), containers, what they hold.
-    #[derive(Default)]
-    struct Use {
-        together: (u32, u64),
-        init: (u32, u64),
-        containers: Vec<String>,
-        holds: Vec<String>,
-        mig: usize,
-    }
-    let mut by_card: BTreeMap<usize, Use> = BTreeMap::new();
+/// Charges `a` to the node's cards as the extender does (`ledger::usage_of`: per card, the
+/// largest use over the pod's phases) and lists the pod on each card it holds.
+fn add_pod(view: &mut NodeView, state: &NodeState, pod: &Pod, key: &str, a: &Allocation, problems: &mut Vec<String>) {
+    let mut unknown = false;
     for c in &a.containers {
-        for d in &c.devices {
-            let Some(pos) = view.cards.iter().position(|card| card.uuid == d.card_uuid()) else {
-                problems.push(format!(
-                    "pod {key}: container {} has {} {}, which node {} does not have",
-                    c.name,
-                    if matches!(d, AllocatedDevice::Mig { .. }) {
-                        "MIG device"
-                    } else {
-                        "GPU"
-                    },
-                    d.uuid(),
-                    view.name
-                ));
-                continue;
-            };
-            let u = by_card.entry(pos).or_default();
-            let amount = match d {
-                AllocatedDevice::Gpu {
-                    core_percent,
-                    memory_mib,
-                    ..
-                } => (*core_percent, *memory_mib),
-                AllocatedDevice::Mig { .. } => {
-                    u.mig += 1;
-                    (0, 0)
-                }
-            };
-            if c.role == ContainerRole::Init {
-                u.init = (u.init.0.max(amount.0), u.init.1.max(amount.1));
-            } else {
-                u.together = (u.together.0 + amount.0, u.together.1 + amount.1);
-            }
-            if !u.containers.contains(&c.name) {
-                u.containers.push(c.name.clone());
-            }
-            u.holds.push(holds(d));
+        for d in c
+            .devices
+            .iter()
+            .filter(|d| !view.cards.iter().any(|card| card.uuid == d.card_uuid()))
+        {
+            unknown = true;
+            problems.push(format!(
+                "pod {key}: container {} has {} {}, which node {} does not have",
+                c.name,
+                if matches!(d, AllocatedDevice::Mig { .. }) {
+                    "MIG device"
+                } else {
+                    "GPU"
+                },
+                d.uuid(),
+                view.name
+            ));
         }
     }
-    for (pos, u) in by_card {
-        let card = &mut view.cards[pos];
-        card.core_allocated += u.together.0.max(u.init.0);
-        card.memory_allocated_mib += u.together.1.max(u.init.1);
+    if unknown {
+        return;
+    }
+    let demand = match PodRequest::from_pod(pod, &RequestOptions::default()) {
+        Ok(r) => PodDemand::from_request(&r),
+        Err(e) => {
+            problems.push(format!("pod {key}: {e}"));
+            return;
+        }
+    };
+    let usage = match usage_of(state, &demand, a) {
+        Ok(u) => u,
+        Err(e) => {
+            problems.push(format!("pod {key}: {e}"));
+            return;
+        }
+    };
+    for (pos, u) in usage {
+        // The inventory's cards and the engine's are in the same order, re-sorted by index.
+        let uuid = &state.cards[pos].uuid;
+        let Some(card) = view.cards.iter_mut().find(|c| &c.uuid == uuid) else {
+            continue;
+        };
+        card.core_allocated += u.core_milli * 100 / CARD_MILLI;
+        card.memory_allocated_mib += u.memory_mib;
         if let Some((used, _)) = &mut card.mig {
-            *used += u.mig;
+            *used += u.mig_slots.len();
+        }
+        let mut containers = Vec::new();
+        let mut held = Vec::new();
+        for c in &a.containers {
+            for d in c.devices.iter().filter(|d| d.card_uuid() == uuid) {
+                if !containers.contains(&c.name) {
+                    containers.push(c.name.clone());
+                }
+                held.push(holds(d));
+            }
         }
         card.pods.push(CardPod {
             pod: key.to_string(),
-            containers: u.containers,
-            holds: u.holds.join(", "),
+            containers,
+            holds: held.join(", "),
         });
     }
 }
