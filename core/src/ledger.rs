@@ -386,6 +386,77 @@ impl Ledger {
         Ok(allocation)
     }
 
+    /// Reserves a pod some of whose containers keep devices already booked for them under other
+    /// keys (a claim's retained GPU): `held` are those containers' devices and `handover` the
+    /// bookings that hold them now. The rest of the pod (`planned`: `demand` without the held
+    /// containers' cards) is planned beside them as [`Ledger::reserve`] would; then the
+    /// handed-over bookings give way to the pod's in one step, or, if booking fails, stay.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reserve_holding(
+        &mut self,
+        uid: &str,
+        node: &str,
+        demand: &PodDemand,
+        planned: &PodDemand,
+        core_limit: Option<u32>,
+        held: &[ContainerAllocation],
+        handover: &[&str],
+    ) -> Result<Option<Allocation>, LedgerError> {
+        if let Some(b) = self.bookings.get(uid) {
+            if b.node == node {
+                return Ok(b.allocation.clone());
+            }
+            if b.hold == Hold::Bound {
+                return Err(LedgerError::AlreadyBound(b.node.clone()));
+            }
+        }
+        self.unbook(uid);
+        let i = self
+            .node_index(node)
+            .ok_or_else(|| LedgerError::UnknownNode(node.to_string()))?;
+        let does_not_fit = |reason: String| LedgerError::DoesNotFit {
+            node: node.to_string(),
+            reason,
+        };
+        if let Some(elsewhere) = handover
+            .iter()
+            .find_map(|k| self.bookings.get(*k).filter(|b| b.node != node))
+        {
+            return Err(does_not_fit(format!(
+                "its containers' devices are held on node {:?}",
+                elsewhere.node
+            )));
+        }
+        let mut a = if planned.wants_cards() {
+            let placement = self.engine.plan_on(i, planned).map_err(does_not_fit)?;
+            allocation_of(&self.engine.cluster.nodes[i], planned, &placement.plan, uid)
+        } else {
+            check_node_resources(&self.engine.cluster.nodes[i], planned).map_err(does_not_fit)?;
+            Allocation::new(node.to_string(), uid)
+        };
+        a.core_limit = core_limit;
+        a.containers.extend(held.iter().cloned());
+        a.containers
+            .sort_by_key(|c| demand.containers.iter().position(|d| d.name == c.name));
+        let given_way: Vec<(String, Booking)> = handover
+            .iter()
+            .filter_map(|k| self.unbook(k).map(|b| (k.to_string(), b)))
+            .collect();
+        let booking = Booking {
+            node: node.to_string(),
+            demand: demand.clone(),
+            allocation: Some(a.clone()),
+            hold: Hold::Reserved,
+        };
+        if let Err(e) = self.book(uid, booking) {
+            for (k, b) in given_way {
+                let _ = self.book(&k, b);
+            }
+            return Err(e);
+        }
+        Ok(Some(a))
+    }
+
     /// Whether `demand` fits on `node` once the pods `victims` are gone (their bookings are
     /// released on a copy; nothing changes).
     pub fn fits_without(&mut self, node: &str, demand: &PodDemand, victims: &[&str]) -> Result<(), String> {

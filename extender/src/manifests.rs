@@ -251,6 +251,10 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
     let mut out: Vec<serde_json::Value> = Vec::new();
     let mut push = |v: &dyn erased::Ser| out.push(v.value());
 
+    // Tessera's custom resources first, so that objects of theirs can follow.
+    for crd in tessera_api::crds() {
+        push(&crd);
+    }
     push(&Namespace {
         metadata: meta(ns, None),
         ..Default::default()
@@ -265,22 +269,31 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
     // Extender: read nodes and pods, annotate and bind pods, its own Lease.
     push(&ClusterRole {
         metadata: meta(EXTENDER, None),
-        rules: Some(vec![
-            rule(&[""], &["nodes"], &["get", "list", "watch"]),
-            rule(&[""], &["pods"], &["get", "list", "watch", "patch"]),
-            rule(&[""], &["pods/binding"], &["create"]),
-            rule(&[""], &["events"], &["create", "patch"]),
-        ]),
+        rules: Some(
+            vec![
+                rule(&[""], &["nodes"], &["get", "list", "watch"]),
+                rule(&[""], &["pods"], &["get", "list", "watch", "patch"]),
+                rule(&[""], &["pods/binding"], &["create"]),
+                rule(&[""], &["events"], &["create", "patch"]),
+            ]
+            .into_iter()
+            .chain(claims::extender_rules())
+            .collect(),
+        ),
         ..Default::default()
     });
     push(&cluster_binding(EXTENDER, EXTENDER, EXTENDER, ns));
     push(&Role {
         metadata: meta(&format!("{EXTENDER}-lease"), Some(ns)),
-        rules: Some(vec![rule(
-            &["coordination.k8s.io"],
-            &["leases"],
-            &["get", "create", "update"],
-        )]),
+        rules: Some(
+            std::iter::once(rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["get", "create", "update"],
+            ))
+            .chain(claims::extender_namespace_rules())
+            .collect(),
+        ),
     });
     push(&role_binding(
         &format!("{EXTENDER}-lease"),
@@ -351,6 +364,10 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                             "serve".into(),
                             format!("--listen=0.0.0.0:{EXTENDER_PORT}"),
                             "--keys-dir=/etc/tessera/keys".into(),
+                            format!("--webhook-listen=0.0.0.0:{}", claims::WEBHOOK_PORT),
+                            format!("--webhook-secret={}", claims::WEBHOOK_SECRET),
+                            format!("--webhook-service={}", claims::WEBHOOK_SERVICE),
+                            format!("--webhook-configuration={}", claims::WEBHOOK_CONFIGURATION),
                         ]),
                         env: Some(vec![
                             env_field("POD_NAME", "metadata.name"),
@@ -361,11 +378,18 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                                 ..Default::default()
                             },
                         ]),
-                        ports: Some(vec![ContainerPort {
-                            name: Some("http".into()),
-                            container_port: EXTENDER_PORT,
-                            ..Default::default()
-                        }]),
+                        ports: Some(vec![
+                            ContainerPort {
+                                name: Some("http".into()),
+                                container_port: EXTENDER_PORT,
+                                ..Default::default()
+                            },
+                            ContainerPort {
+                                name: Some("webhook".into()),
+                                container_port: claims::WEBHOOK_PORT,
+                                ..Default::default()
+                            },
+                        ]),
                         // Ready once synced, leader or not (so rollouts complete); the Service
                         // selects the leader by its role label, and /readyz answers for it.
                         readiness_probe: Some(http_probe("/syncedz", 2)),
@@ -399,6 +423,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
         }),
         ..Default::default()
     });
+    push(&claims::webhook_service(opts));
     push(&PodDisruptionBudget {
         metadata: meta(EXTENDER, Some(ns)),
         spec: Some(PodDisruptionBudgetSpec {
@@ -663,6 +688,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
         }),
         ..Default::default()
     });
+    push(&claims::webhook_configuration(opts));
     out
 }
 
@@ -696,5 +722,6 @@ fn to_yaml<T: Serialize>(v: &T) -> String {
     serde_yaml::to_string(v).expect("manifests serialize")
 }
 
+mod claims;
 #[cfg(test)]
 mod tests;

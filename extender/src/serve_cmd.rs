@@ -11,9 +11,10 @@ use tessera_core::handoff::SigningKeys;
 use tessera_core::placement::EngineConfig;
 use tessera_core::policy::PolicyKind;
 use tessera_core::request::RequestOptions;
+use tessera_extender::admission::certs::SelfManaged;
 use tessera_extender::service::cluster::Cluster;
 use tessera_extender::service::leader::LeaseConfig;
-use tessera_extender::service::{self, ServiceConfig};
+use tessera_extender::service::{self, ServiceConfig, WebhookConfig, WebhookTls};
 use tracing::info;
 
 #[derive(Args)]
@@ -60,6 +61,32 @@ pub struct ServeArgs {
     /// Lease duration, seconds.
     #[arg(long, default_value_t = 15)]
     lease_duration_s: u64,
+    /// Do not serve ElasticGPU claims (for clusters without Tessera's CRDs); implies
+    /// --no-webhook.
+    #[arg(long)]
+    no_claims: bool,
+    /// Do not serve the claims' admission webhook.
+    #[arg(long)]
+    no_webhook: bool,
+    /// The admission webhook's listen address (HTTPS).
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    webhook_listen: SocketAddr,
+    /// The webhook's PEM certificate chain (with --webhook-key); without them the extender
+    /// keeps its own in --webhook-secret and writes its CA into --webhook-configuration.
+    #[arg(long, requires = "webhook_key")]
+    webhook_cert: Option<PathBuf>,
+    /// The PEM private key for --webhook-cert.
+    #[arg(long, requires = "webhook_cert")]
+    webhook_key: Option<PathBuf>,
+    /// The Secret (in the lease namespace) holding the webhook's own certificate.
+    #[arg(long, default_value = "tessera-webhook-tls")]
+    webhook_secret: String,
+    /// The webhook's Service (the certificate is for its DNS names).
+    #[arg(long, default_value = "tessera-extender-webhook")]
+    webhook_service: String,
+    /// The MutatingWebhookConfiguration whose caBundle the extender keeps.
+    #[arg(long, default_value = "tessera-extender")]
+    webhook_configuration: String,
 }
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -102,10 +129,23 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             body_limit: args.max_body_bytes,
             lease,
             tls: args.tls_cert.clone().zip(args.tls_key.clone()),
+            claims: !args.no_claims,
+            webhook: (!args.no_claims && !args.no_webhook).then(|| WebhookConfig {
+                listen: args.webhook_listen,
+                tls: match args.webhook_cert.clone().zip(args.webhook_key.clone()) {
+                    Some((cert, key)) => WebhookTls::Files(cert, key),
+                    None => WebhookTls::SelfManaged(SelfManaged {
+                        namespace: args.lease_namespace.clone(),
+                        secret: args.webhook_secret.clone(),
+                        service: args.webhook_service.clone(),
+                        webhook_configuration: args.webhook_configuration.clone(),
+                    }),
+                },
+            }),
         },
     )
     .await?;
-    info!(addr = %running.addr, prefix = args.prefix, tls = args.tls_cert.is_some(), "serving");
+    info!(addr = %running.addr, prefix = args.prefix, tls = args.tls_cert.is_some(), webhook = ?running.webhook_addr, "serving");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = term.recv() => {}

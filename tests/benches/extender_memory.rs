@@ -146,6 +146,8 @@ fn child(url: &str, ready: &Path) -> anyhow::Result<()> {
                     body_limit: 8 << 20,
                     lease: None,
                     tls: None,
+                    claims: true,
+                    webhook: None,
                 },
             )
             .await?;

@@ -150,6 +150,8 @@ pub struct ReplicaOptions {
     pub engine: EngineConfig,
     /// Label the replica's pod (named as its identity, in `tessera-system`) with its role.
     pub label_pod: bool,
+    /// Serve the claims' admission webhook (on a free localhost port).
+    pub webhook: Option<tessera_extender::service::WebhookConfig>,
 }
 
 /// Starts an extender against `api` and waits until it has read the cluster.
@@ -171,6 +173,8 @@ pub async fn start_replica(api: &FakeApiServer, opts: ReplicaOptions) -> anyhow:
             body_limit: 8 << 20,
             lease,
             tls: None,
+            claims: true,
+            webhook: opts.webhook.clone(),
         },
     )
     .await?;

@@ -602,6 +602,8 @@ async fn serves_https_with_the_given_certificate() -> anyhow::Result<()> {
             body_limit: 1 << 20,
             lease: None,
             tls: Some((cert_path, key_path)),
+            claims: false,
+            webhook: None,
         },
     )
     .await?;

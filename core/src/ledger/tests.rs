@@ -232,3 +232,47 @@ fn reserve_refuses_when_the_node_is_full_and_fits_without_checks_victims() {
         Err(LedgerError::UnknownNode(_))
     ));
 }
+
+fn pod_json(containers: &[(&str, u32, u32)]) -> serde_json::Value {
+    serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": containers.iter().map(|(n, core, mem)| serde_json::json!({
+        "name": n, "resources": {"limits": {"tessera.io/gpu-core": core.to_string(), "tessera.io/gpu-memory": mem.to_string()}}
+    })).collect::<Vec<_>>()}})
+}
+
+#[test]
+fn a_held_container_keeps_its_devices_and_the_rest_is_planned_beside_it() {
+    let mut l = ledger();
+    // A claim's retained GPU: 30% + 8 GiB, booked under its own key.
+    let held_demand = from_json(pod_json(&[("a", 30, 8)]));
+    let retained = l.reserve("egpu-1", "h", &held_demand, None).unwrap().unwrap();
+    l.confirm("egpu-1");
+    let before = used(&l, "h");
+    let card = retained.containers[0].devices[0].clone();
+
+    // The pod using it: container a holds that device, b needs 20% + 4 GiB more.
+    let full = from_json(pod_json(&[("a", 30, 8), ("b", 20, 4)]));
+    let planned = from_json(pod_json(&[("b", 20, 4)]));
+    // On another node the handed-over booking is not there: refused, nothing changes.
+    let err = l
+        .reserve_holding("pod", "a", &full, &planned, None, &retained.containers, &["egpu-1"])
+        .unwrap_err();
+    assert!(err.to_string().contains("held on node \"h\""), "{err}");
+    assert!(l.booking("egpu-1").is_some() && l.booking("pod").is_none());
+
+    let a = l
+        .reserve_holding("pod", "h", &full, &planned, None, &retained.containers, &["egpu-1"])
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        a.containers.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    assert_eq!(a.containers[0].devices, [card]);
+    assert!(l.booking("egpu-1").is_none());
+    // What the node holds: the retained share (now the pod's) plus b's.
+    let total = |u: &[(u32, u64)]| u.iter().fold((0, 0), |(c, m), (uc, um)| (c + uc, m + um));
+    assert_eq!(total(&used(&l, "h")), (total(&before).0 + 200, total(&before).1 + 4096));
+    // Freeing the pod frees both; the claim's booking is the caller's to put back.
+    l.unbook("pod");
+    assert_eq!(total(&used(&l, "h")), (0, 0));
+}

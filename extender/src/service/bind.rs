@@ -48,10 +48,10 @@ pub enum BindError {
     BoundElsewhere(String),
     /// The pod's request is invalid.
     #[error("invalid request: {0}")]
-    Request(#[from] tessera_core::request::RequestError),
-    /// No room (or no such node).
+    Request(#[from] super::cluster::AskError),
+    /// No room (or no such node), or the pod's claims do not allow it there.
     #[error(transparent)]
-    Ledger(#[from] tessera_core::ledger::LedgerError),
+    Reserve(#[from] super::cluster::ReserveError),
     /// The bind task panicked (a bug); its reservation, if any, stays until the pod is seen.
     #[error("internal error: {0}")]
     Panicked(String),

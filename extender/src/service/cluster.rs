@@ -7,16 +7,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use tessera_api::pod::{ClaimUse, PodClaimError, claim_refs};
+use tessera_core::handoff::ContainerAllocation;
 use tessera_core::handoff::{Allocation, SigningKeys};
 use tessera_core::inventory::{Health, PublishedInventory};
 use tessera_core::ledger::{Booking, Hold, Ledger, LedgerError, NodeCapacity};
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, ANNOTATION_INVENTORY};
+use tessera_core::placement::check_node_resources;
 use tessera_core::placement::{EngineConfig, PodDemand, WorkloadLearner};
 use tessera_core::quantity::Amount;
-use tessera_core::request::{PodRequest, RequestOptions};
+use tessera_core::request::{GpuDemand, PodRequest, RequestError, RequestOptions};
 use tracing::{debug, warn};
 
 use super::wire::{HostScore, MAX_PRIORITY, MetaVictims};
+use crate::claims::holds::{ClaimHolds, LedgerChange, booking_key};
 
 /// How many observed pods between refreshes of the target workload.
 const WORKLOAD_REFRESH: u64 = 64;
@@ -28,6 +32,45 @@ pub struct PodAsk {
     pub demand: PodDemand,
     /// `tessera.io/core-limit`.
     pub core_limit: Option<u32>,
+    /// The request as parsed (to plan around containers whose claims hold GPUs).
+    pub request: PodRequest,
+    /// The claims its containers name, as `namespace/name` per container.
+    pub claims: Vec<(String, String)>,
+    /// `namespace/name`.
+    pub pod: String,
+    /// Its UID, when it has one.
+    pub uid: Option<String>,
+}
+
+/// Why cards could not be reserved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReserveError {
+    /// The ledger refused.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The pod's claims do not allow it here.
+    #[error("{0}")]
+    Claims(String),
+}
+
+/// A pod the extender cannot place as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AskError {
+    /// Its resources or Tessera annotations are invalid.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// Its claim annotations are invalid.
+    #[error(transparent)]
+    Claims(#[from] PodClaimError),
+}
+
+/// How a pod that names claims is placed now.
+struct ClaimPlan {
+    /// The node its held GPUs are on, with their containers' devices and the bookings they
+    /// come from.
+    held: Option<(String, Vec<ContainerAllocation>, Vec<String>)>,
+    /// The demand left to plan (without the held containers' cards).
+    planned: PodDemand,
 }
 
 /// The filter verdict for one pod, naming nodes as the candidates did.
@@ -58,6 +101,9 @@ pub struct Cluster {
     not_ready: Mutex<BTreeMap<String, String>>,
     nodes_synced: AtomicBool,
     pods_synced: AtomicBool,
+    /// Claims' GPUs and users (lock order: ledger, then claims).
+    claims: Mutex<ClaimHolds>,
+    elastic_gpus_synced: AtomicBool,
 }
 
 /// Reads a node: its capacity, and why its GPUs cannot be used (the node publishes its
@@ -160,7 +206,57 @@ impl Cluster {
             not_ready: Mutex::new(BTreeMap::new()),
             nodes_synced: AtomicBool::new(false),
             pods_synced: AtomicBool::new(false),
+            claims: Mutex::new(ClaimHolds::default()),
+            elastic_gpus_synced: AtomicBool::new(true),
         }
+    }
+
+    /// The cluster has ElasticGPUs: not synced until they have been read too.
+    pub fn track_elastic_gpus(&self) {
+        self.elastic_gpus_synced.store(false, Ordering::Release);
+    }
+
+    fn claims(&self) -> std::sync::MutexGuard<'_, ClaimHolds> {
+        self.claims.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies what the claims' bookkeeping asks of the ledger.
+    fn apply(l: &mut Ledger, change: LedgerChange) {
+        for k in change.unbook {
+            l.unbook(&k);
+        }
+        for (k, b) in change.book {
+            if let Err(e) = l.book(&k, b) {
+                warn!(booking = k, error = %e, "cannot book a retained ElasticGPU");
+            }
+        }
+    }
+
+    /// An ElasticGPU was added or changed.
+    pub fn elastic_gpu_applied(&self, e: &tessera_api::egpu::ElasticGpu) {
+        let mut l = self.ledger();
+        let change = self.claims().gpu_applied(e);
+        Self::apply(&mut l, change);
+    }
+
+    /// An ElasticGPU was deleted.
+    pub fn elastic_gpu_deleted(&self, name: &str) {
+        let mut l = self.ledger();
+        let change = self.claims().gpu_deleted(name);
+        Self::apply(&mut l, change);
+    }
+
+    /// A full ElasticGPU list was read.
+    pub fn elastic_gpus_listed(&self, names: &HashSet<String>) {
+        let mut l = self.ledger();
+        let change = self.claims().gpus_listed(names);
+        Self::apply(&mut l, change);
+        self.elastic_gpus_synced.store(true, Ordering::Release);
+    }
+
+    /// Who uses the claim `namespace/name` now (`namespace/name` of the pod, and its UID).
+    pub fn claim_user(&self, key: &str) -> Option<(String, String)> {
+        self.claims().user(key).map(|u| (u.pod.clone(), u.uid.clone()))
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
@@ -172,9 +268,16 @@ impl Cluster {
         &self.keys
     }
 
+    /// How requests are read (the memory unit).
+    pub fn request_options(&self) -> RequestOptions {
+        self.opts
+    }
+
     /// True once every node and every pod has been read (allocations rebuilt).
     pub fn synced(&self) -> bool {
-        self.nodes_synced.load(Ordering::Acquire) && self.pods_synced.load(Ordering::Acquire)
+        self.nodes_synced.load(Ordering::Acquire)
+            && self.pods_synced.load(Ordering::Acquire)
+            && self.elastic_gpus_synced.load(Ordering::Acquire)
     }
 
     /// Known nodes and bookings, for metrics.
@@ -232,11 +335,57 @@ impl Cluster {
     }
 
     /// Parses what a pod asks for.
-    pub fn ask(&self, pod: &Pod) -> Result<PodAsk, tessera_core::request::RequestError> {
-        let req = PodRequest::from_pod(pod, &self.opts)?;
+    pub fn ask(&self, pod: &Pod) -> Result<PodAsk, AskError> {
+        let request = PodRequest::from_pod(pod, &self.opts)?;
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let claims = claim_refs(pod)?
+            .into_iter()
+            .map(|ClaimUse { container, claim, .. }| (container, format!("{ns}/{claim}")))
+            .collect();
         Ok(PodAsk {
-            demand: PodDemand::from_request(&req),
-            core_limit: req.core_limit,
+            demand: PodDemand::from_request(&request),
+            core_limit: request.core_limit,
+            claims,
+            pod: format!("{ns}/{}", pod.metadata.name.as_deref().unwrap_or_default()),
+            uid: pod.metadata.uid.clone(),
+            request,
+        })
+    }
+
+    /// How `ask` (pod `uid`) is placed given its claims: `Err` when a claim is used by another
+    /// pod or its claims' GPUs are held on different nodes.
+    fn claim_plan(&self, uid: Option<&str>, ask: &PodAsk) -> Result<ClaimPlan, String> {
+        let holds = self.claims();
+        let mut held: Option<(String, Vec<ContainerAllocation>, Vec<String>)> = None;
+        let mut request = ask.request.clone();
+        for (container, key) in &ask.claims {
+            if let Some(u) = holds.user(key).filter(|u| Some(u.uid.as_str()) != uid) {
+                return Err(format!("ElasticGPUClaim {key} is in use by pod {}", u.pod));
+            }
+            let Some(g) = holds.gpu(key).filter(|g| g.retain) else {
+                continue;
+            };
+            let (node, containers, keys) = held.get_or_insert_with(|| (g.node.clone(), Vec::new(), Vec::new()));
+            if *node != g.node {
+                return Err(format!(
+                    "the pod's claims hold GPUs on different nodes ({node:?} and {:?}, ElasticGPU {})",
+                    g.node, g.egpu
+                ));
+            }
+            let Some(c) = request.containers.iter_mut().find(|c| &c.name == container) else {
+                continue;
+            };
+            containers.push(ContainerAllocation {
+                name: container.clone(),
+                role: c.role,
+                devices: g.devices.clone(),
+            });
+            keys.push(booking_key(&g.egpu));
+            c.gpu = GpuDemand::None;
+        }
+        Ok(ClaimPlan {
+            planned: PodDemand::from_request(&request),
+            held,
         })
     }
 
@@ -247,7 +396,10 @@ impl Cluster {
             return;
         };
         if is_terminated(pod) {
-            self.ledger().unbook(uid);
+            let mut l = self.ledger();
+            l.unbook(uid);
+            let change = self.claims().release_pod(uid);
+            Self::apply(&mut l, change);
             return;
         }
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
@@ -268,14 +420,20 @@ impl Cluster {
                     }
                 }
             });
-        let demand = match self.ask(pod) {
-            Ok(a) => a.demand,
+        let (demand, claims, pod_key) = match self.ask(pod) {
+            Ok(a) => (a.demand, a.claims, a.pod),
             Err(e) => {
                 debug!(pod = name, error = %e, "bound pod with an invalid request: counting nothing");
-                PodDemand::default()
+                (PodDemand::default(), Vec::new(), String::new())
             }
         };
         let mut l = self.ledger();
+        if !claims.is_empty() {
+            let change = self
+                .claims()
+                .use_claims(uid, &pod_key, claims.into_iter().map(|(_, k)| k).collect());
+            Self::apply(&mut l, change);
+        }
         if allocation.is_none() && !demand.wants_cards() {
             // Most pods: only their CPU and memory count, kept in a few bytes.
             l.book_plain(uid, node, demand.cpu_milli, demand.memory_bytes);
@@ -314,7 +472,10 @@ impl Cluster {
 
     /// A pod was deleted.
     pub fn pod_deleted(&self, uid: &str) {
-        self.ledger().unbook(uid);
+        let mut l = self.ledger();
+        l.unbook(uid);
+        let change = self.claims().release_pod(uid);
+        Self::apply(&mut l, change);
     }
 
     /// A full pod list was read: bound bookings of pods not in it are gone (our own
@@ -327,6 +488,8 @@ impl Cluster {
             }
         }
         l.retain_plain(uids);
+        let change = self.claims().pods_listed(uids);
+        Self::apply(&mut l, change);
         self.pods_synced.store(true, Ordering::Release);
         // The running pods seen during the list are the first target workload.
         let mut learning = self.learning.lock().unwrap_or_else(|p| p.into_inner());
@@ -341,10 +504,36 @@ impl Cluster {
         let mut out = FilterOutcome::default();
         let not_ready = self.not_ready.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut l = self.ledger();
+        // A pod whose claims hold GPUs goes where they are, planning only the rest.
+        let mut planned = None;
+        let mut only = None;
+        if !ask.claims.is_empty() {
+            match self.claim_plan(ask.uid.as_deref(), ask) {
+                Err(reason) => {
+                    let reason: Arc<str> = reason.into();
+                    out.unresolvable = candidates.iter().map(|&n| (n, reason.clone())).collect();
+                    return out;
+                }
+                Ok(plan) => {
+                    only = plan.held.map(|(node, _, keys)| (node, keys.join(", ")));
+                    planned = Some(plan.planned);
+                }
+            }
+        }
+        let demand = planned.as_ref().unwrap_or(&ask.demand);
         let mut positions = Vec::with_capacity(candidates.len());
         let mut names = Vec::with_capacity(candidates.len());
         let resolved = l.resolve_names(candidates);
         for (&name, &index) in candidates.iter().zip(resolved.iter()) {
+            if let Some((node, held)) = &only
+                && node != name
+            {
+                out.unresolvable.push((
+                    name,
+                    format!("the pod's claims hold their GPUs on node {node:?} ({held})").into(),
+                ));
+                continue;
+            }
             if ask.demand.wants_cards()
                 && let Some(reason) = not_ready.get(name)
             {
@@ -362,15 +551,28 @@ impl Cluster {
                     .push((name, Arc::from("node is not known to the Tessera extender"))),
             }
         }
-        let allowed = l.cluster().allowed_models(ask.demand.gpu_models.as_deref());
-        let verdicts = l.engine().evaluate_nodes(&ask.demand, &positions);
+        let allowed = l.cluster().allowed_models(demand.gpu_models.as_deref());
+        let verdicts = if demand.wants_cards() {
+            l.engine().evaluate_nodes(demand, &positions)
+        } else {
+            // Every card it needs is held: only its CPU and memory are left to fit.
+            positions
+                .iter()
+                .map(|&i| {
+                    (
+                        i,
+                        check_node_resources(&l.cluster().nodes[i], demand)
+                            .map(|()| 0.0)
+                            .map_err(Arc::from),
+                    )
+                })
+                .collect()
+        };
         for ((i, verdict), name) in verdicts.into_iter().zip(names) {
             match verdict {
                 Ok(score) => out.fits.push((name, score)),
                 // Preemption can only help where the pod could ever fit.
-                Err(reason) if l.cluster().nodes[i].could_take(&ask.demand, &allowed) => {
-                    out.failed.push((name, reason))
-                }
+                Err(reason) if l.cluster().nodes[i].could_take(demand, &allowed) => out.failed.push((name, reason)),
                 Err(reason) => out.unresolvable.push((name, reason)),
             }
         }
@@ -378,10 +580,33 @@ impl Cluster {
     }
 
     /// Reserves cards for a pod on `node`; `None` when the pod needs no GPU.
-    pub fn reserve(&self, uid: &str, node: &str, ask: &PodAsk) -> Result<Option<Allocation>, LedgerError> {
-        let a = self.ledger().reserve(uid, node, &ask.demand, ask.core_limit)?;
+    pub fn reserve(&self, uid: &str, node: &str, ask: &PodAsk) -> Result<Option<Allocation>, ReserveError> {
+        let mut l = self.ledger();
+        let a = if ask.claims.is_empty() {
+            l.reserve(uid, node, &ask.demand, ask.core_limit)?
+        } else {
+            let plan = self.claim_plan(Some(uid), ask).map_err(ReserveError::Claims)?;
+            let (held, keys) = match plan.held {
+                Some((n, held, keys)) if n == node => (held, keys),
+                Some((n, _, keys)) => {
+                    return Err(ReserveError::Claims(format!(
+                        "the pod's claims hold their GPUs on node {n:?} ({}), not {node:?}",
+                        keys.join(", ")
+                    )));
+                }
+                None => (Vec::new(), Vec::new()),
+            };
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let a = l.reserve_holding(uid, node, &ask.demand, &plan.planned, ask.core_limit, &held, &keys)?;
+            // Being bound, the pod uses its claims: their retained GPUs are its now.
+            let change = self
+                .claims()
+                .use_claims(uid, &ask.pod, ask.claims.iter().map(|(_, k)| k.clone()).collect());
+            Self::apply(&mut l, change);
+            a
+        };
         if a.is_some() {
-            self.observe(&ask.demand);
+            self.learn(&mut l, &ask.demand);
         }
         Ok(a)
     }
@@ -392,6 +617,8 @@ impl Cluster {
         let mut l = self.ledger();
         if l.booking(uid).is_some_and(|b| b.hold == Hold::Reserved) {
             l.unbook(uid);
+            let change = self.claims().release_pod(uid);
+            Self::apply(&mut l, change);
         }
     }
 
@@ -439,11 +666,6 @@ impl Cluster {
             );
         }
         out
-    }
-
-    fn observe(&self, demand: &PodDemand) {
-        let mut l = self.ledger();
-        self.learn(&mut l, demand);
     }
 
     /// Records a pod in the workload and refreshes the engine's target now and then (each

@@ -66,12 +66,37 @@ pub struct ServiceConfig {
     pub lease: Option<LeaseConfig>,
     /// Serve HTTPS with this certificate and key (PEM files).
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// Serve ElasticGPU claims: watch Tessera's custom resources, book retained GPUs and run
+    /// the claims controller (the CRDs must be installed).
+    pub claims: bool,
+    /// Serve the claims' admission webhook (needs `claims`).
+    pub webhook: Option<WebhookConfig>,
+}
+
+/// Where and with which certificate the admission webhook is served.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    /// Listen address (HTTPS).
+    pub listen: SocketAddr,
+    /// Its certificate.
+    pub tls: WebhookTls,
+}
+
+/// The webhook's certificate.
+#[derive(Debug, Clone)]
+pub enum WebhookTls {
+    /// PEM files (a mounted Secret kept by cert-manager or the like).
+    Files(PathBuf, PathBuf),
+    /// Kept by the extender in a Secret, with the webhook configuration's `caBundle`.
+    SelfManaged(crate::admission::certs::SelfManaged),
 }
 
 /// A running service: its address and background tasks (dropped = stopped).
 pub struct Running {
     /// The bound address.
     pub addr: SocketAddr,
+    /// The admission webhook's bound address, when it is served.
+    pub webhook_addr: Option<SocketAddr>,
     /// The shared state.
     pub service: Arc<Service>,
     tasks: Vec<JoinHandle<()>>,
@@ -118,12 +143,69 @@ pub fn install_crypto_provider() {
 /// Starts watches, election and the HTTP server.
 pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) -> anyhow::Result<Running> {
     install_crypto_provider();
+    anyhow::ensure!(
+        cfg.claims || cfg.webhook.is_none(),
+        "the admission webhook serves ElasticGPU claims: it needs them turned on"
+    );
     let (store, writer) = watch::pod_store();
+    let (trigger, triggered) = tokio::sync::mpsc::unbounded_channel();
+    let claims = cfg
+        .claims
+        .then(|| crate::claims::watch(&client, cluster.clone(), trigger.clone()));
     let mut tasks = vec![
         tokio::spawn(watch::nodes(client.clone(), cluster.clone())),
-        tokio::spawn(watch::pods(client.clone(), cluster.clone(), writer)),
+        tokio::spawn(watch::pods(
+            client.clone(),
+            cluster.clone(),
+            writer,
+            cfg.claims.then(|| trigger.clone()),
+        )),
     ];
     let (leading_tx, leading_rx) = tokio_watch::channel(cfg.lease.is_none());
+    let mut webhook_server = None;
+    if let Some((stores, watches)) = claims {
+        tasks.extend(watches);
+        let reconciler = crate::claims::controller::Reconciler {
+            client: client.clone(),
+            cluster: cluster.clone(),
+            pods: store.clone(),
+            stores: stores.clone(),
+        };
+        tasks.push(tokio::spawn(reconciler.run(triggered, trigger, leading_rx.clone())));
+        if let Some(w) = &cfg.webhook {
+            let cert = match &w.tls {
+                WebhookTls::Files(cert, key) => {
+                    let read =
+                        |p: &PathBuf| std::fs::read(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()));
+                    (read(cert)?, read(key)?)
+                }
+                WebhookTls::SelfManaged(sm) => {
+                    let c = crate::admission::certs::ensure_secret(&client, sm).await?;
+                    tasks.push(tokio::spawn(crate::admission::certs::keep_ca_bundle(
+                        client.clone(),
+                        sm.webhook_configuration.clone(),
+                        c.ca.clone(),
+                    )));
+                    (c.cert, c.key)
+                }
+            };
+            let acceptor = tls::acceptor_from_pem(&cert.0, &cert.1)?;
+            let webhook = Arc::new(crate::admission::Webhook {
+                client: client.clone(),
+                stores,
+                pods: store.clone(),
+                cluster: cluster.clone(),
+                opts: cluster.request_options(),
+            });
+            let listener = tokio::net::TcpListener::bind(w.listen).await?;
+            webhook_server = Some((
+                listener.local_addr()?,
+                listener,
+                acceptor,
+                crate::admission::router(webhook),
+            ));
+        }
+    }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let stop_rx = futures_util::FutureExt::shared(async move {
         let _ = stop_rx.await;
@@ -144,17 +226,25 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
     let addr = listener.local_addr()?;
     let server = match cfg.tls {
-        None => tokio::spawn(async move {
-            let _ = axum::serve(listener, app).with_graceful_shutdown(stop_rx).await;
-        }),
+        None => {
+            let stop = stop_rx.clone();
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, app).with_graceful_shutdown(stop).await;
+            })
+        }
         Some((cert, key)) => {
             let acceptor = tls::acceptor(&cert, &key)?;
-            tokio::spawn(tls::serve(listener, acceptor, app, stop_rx))
+            tokio::spawn(tls::serve(listener, acceptor, app, stop_rx.clone()))
         }
     };
     tasks.push(server);
+    let webhook_addr = webhook_server.map(|(addr, listener, acceptor, router)| {
+        tasks.push(tokio::spawn(tls::serve(listener, acceptor, router, stop_rx.clone())));
+        addr
+    });
     Ok(Running {
         addr,
+        webhook_addr,
         service,
         tasks,
         stop: Some(stop_tx),

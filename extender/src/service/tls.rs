@@ -15,12 +15,17 @@ use tracing::debug;
 
 /// A TLS acceptor for the certificate chain and key in `cert` and `key` (PEM).
 pub fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
-    let certs = CertificateDer::pem_file_iter(cert)
-        .with_context(|| format!("reading certificates from {}", cert.display()))?
+    let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+    acceptor_from_pem(&read(cert)?, &read(key)?).with_context(|| format!("{} and {}", cert.display(), key.display()))
+}
+
+/// A TLS acceptor for a certificate chain and key held in memory (PEM).
+pub fn acceptor_from_pem(cert: &[u8], key: &[u8]) -> anyhow::Result<TlsAcceptor> {
+    let certs = CertificateDer::pem_slice_iter(cert)
         .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("parsing certificates in {}", cert.display()))?;
-    anyhow::ensure!(!certs.is_empty(), "{} holds no certificate", cert.display());
-    let key = PrivateKeyDer::from_pem_file(key).with_context(|| format!("reading the key {}", key.display()))?;
+        .context("parsing the certificate chain")?;
+    anyhow::ensure!(!certs.is_empty(), "the certificate PEM holds no certificate");
+    let key = PrivateKeyDer::from_pem_slice(key).context("parsing the private key")?;
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()

@@ -18,14 +18,14 @@ use tessera_core::request::is_tessera_pod;
 use super::cluster::Cluster;
 use super::podview::PodView;
 
-/// Follows a watch: each object as it is applied, keys as they are deleted, and after each
-/// (re-)list the full set of keys, so that what the list no longer has is dropped.
-async fn follow<K>(
+/// Follows a watch: each object as it is applied or deleted, and after each (re-)list the
+/// full set of keys, so that what the list no longer has is dropped.
+pub(crate) async fn follow<K>(
     what: &'static str,
     stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
     key: impl Fn(&K) -> Option<String>,
     applied: impl Fn(&K),
-    deleted: impl Fn(&str),
+    deleted: impl Fn(&K),
     listed: impl Fn(&HashSet<String>),
 ) {
     let mut stream = std::pin::pin!(stream);
@@ -43,11 +43,7 @@ async fn follow<K>(
                 keys = HashSet::new();
             }
             Ok(Event::Apply(o)) => applied(&o),
-            Ok(Event::Delete(o)) => {
-                if let Some(k) = key(&o) {
-                    deleted(&k);
-                }
-            }
+            Ok(Event::Delete(o)) => deleted(&o),
             Err(e) => warn!(error = %e, watch = what, "watch error"),
         }
     }
@@ -63,7 +59,7 @@ pub async fn nodes(client: Client, cluster: Arc<Cluster>) {
         stream,
         |n: &Node| n.metadata.name.clone(),
         |n| cluster.node_applied(n),
-        |name| cluster.node_deleted(name),
+        |n| cluster.node_deleted(n.metadata.name.as_deref().unwrap_or_default()),
         |names| cluster.nodes_listed(names),
     )
     .await;
@@ -74,7 +70,20 @@ pub async fn nodes(client: Client, cluster: Arc<Cluster>) {
 /// dropped. Pods are read as [`PodView`]s (the fields decisions use, the rest of the JSON
 /// skipped); every other pod is then counted for its CPU and memory and dropped: it costs the
 /// extender a few bytes, not its spec.
-pub async fn pods(client: Client, cluster: Arc<Cluster>, mut writer: reflector::store::Writer<Pod>) {
+/// Pods that name claims trigger them in `claims` (when the claims controller runs).
+pub async fn pods(
+    client: Client,
+    cluster: Arc<Cluster>,
+    mut writer: reflector::store::Writer<Pod>,
+    claims: Option<crate::claims::Trigger>,
+) {
+    let trigger_claims = move |p: &Pod| {
+        if let Some(t) = &claims {
+            for k in crate::claims::pod_claim_keys(p) {
+                let _ = t.send(k);
+            }
+        }
+    };
     let stream = watcher::watcher(Api::<PodView>::all(client), watcher::Config::default())
         .default_backoff()
         .map(move |ev| {
@@ -96,8 +105,14 @@ pub async fn pods(client: Client, cluster: Arc<Cluster>, mut writer: reflector::
         "pods",
         stream,
         |p: &Pod| p.metadata.uid.clone(),
-        |p| cluster.pod_applied(p),
-        |uid| cluster.pod_deleted(uid),
+        |p| {
+            cluster.pod_applied(p);
+            trigger_claims(p);
+        },
+        |p| {
+            cluster.pod_deleted(p.metadata.uid.as_deref().unwrap_or_default());
+            trigger_claims(p);
+        },
         |uids| cluster.pods_listed(uids),
     )
     .await;

@@ -1,8 +1,11 @@
 //! An in-process fake Kubernetes API server that speaks real Kubernetes JSON: list and watch
 //! (with resourceVersion replay), get, create, replace (optimistic concurrency on
 //! `resourceVersion`), merge patch (with the UID precondition), delete, `pods/binding`, for
-//! Nodes, Pods, core/v1 Events (list, watch, create) and coordination.k8s.io Leases. Objects are stored as JSON and typed at the
-//! test-facing edge with k8s-openapi, so kube-rs clients run against it unchanged.
+//! Nodes, Pods, core/v1 Events (list, watch, create), Secrets, coordination.k8s.io Leases,
+//! MutatingWebhookConfigurations and Tessera's custom resources (with their status
+//! subresource). Pods created over HTTP go through the stored mutating webhooks first
+//! ([`admission`]). Objects are stored as JSON and typed at the test-facing edge with
+//! k8s-openapi, so kube-rs clients run against it unchanged.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -23,7 +26,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
@@ -40,13 +43,37 @@ pub enum Kind {
     Lease,
     /// core/v1 Event.
     Event,
+    /// core/v1 Secret.
+    Secret,
+    /// admissionregistration.k8s.io/v1 MutatingWebhookConfiguration (cluster-scoped).
+    MutatingWebhookConfiguration,
+    /// tessera.io/v1alpha1 ElasticGPU (cluster-scoped, status subresource).
+    ElasticGpu,
+    /// tessera.io/v1alpha1 ElasticGPUClaim (status subresource).
+    ElasticGpuClaim,
+    /// tessera.io/v1alpha1 ElasticGPUClass (cluster-scoped).
+    ElasticGpuClass,
 }
+
+/// Every kind served under `/apis/` or generically: (kind, group/version, plural).
+const GENERIC: &[(Kind, &str, &str)] = &[
+    (Kind::Lease, "coordination.k8s.io/v1", "leases"),
+    (Kind::Secret, "v1", "secrets"),
+    (
+        Kind::MutatingWebhookConfiguration,
+        "admissionregistration.k8s.io/v1",
+        "mutatingwebhookconfigurations",
+    ),
+    (Kind::ElasticGpu, "tessera.io/v1alpha1", "elasticgpus"),
+    (Kind::ElasticGpuClaim, "tessera.io/v1alpha1", "elasticgpuclaims"),
+    (Kind::ElasticGpuClass, "tessera.io/v1alpha1", "elasticgpuclasses"),
+];
 
 impl Kind {
     fn api_version(self) -> &'static str {
         match self {
             Kind::Node | Kind::Pod | Kind::Event => "v1",
-            Kind::Lease => "coordination.k8s.io/v1",
+            k => GENERIC.iter().find(|g| g.0 == k).map(|g| g.1).expect("listed"),
         }
     }
 
@@ -56,9 +83,30 @@ impl Kind {
             Kind::Pod => "Pod",
             Kind::Lease => "Lease",
             Kind::Event => "Event",
+            Kind::Secret => "Secret",
+            Kind::MutatingWebhookConfiguration => "MutatingWebhookConfiguration",
+            Kind::ElasticGpu => "ElasticGPU",
+            Kind::ElasticGpuClaim => "ElasticGPUClaim",
+            Kind::ElasticGpuClass => "ElasticGPUClass",
         }
     }
+
+    /// Cluster-scoped kinds live under the empty namespace.
+    fn namespaced(self) -> bool {
+        !matches!(
+            self,
+            Kind::Node | Kind::MutatingWebhookConfiguration | Kind::ElasticGpu | Kind::ElasticGpuClass
+        )
+    }
+
+    /// Kinds whose status is written only through `/status` (and spec only without it).
+    fn has_status(self) -> bool {
+        matches!(self, Kind::ElasticGpu | Kind::ElasticGpuClaim)
+    }
 }
+
+mod admission;
+mod generic;
 
 type Key = (Kind, String, String);
 
@@ -215,7 +263,7 @@ impl Inner {
         if !obj["metadata"].get("uid").is_some_and(Value::is_string) {
             obj["metadata"]["uid"] = json!(format!("uid-{:08}", self.uid.fetch_add(1, Ordering::Relaxed)));
         }
-        if kind != Kind::Node {
+        if kind.namespaced() {
             obj["metadata"]["namespace"] = json!(ns);
         }
         obj["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
@@ -507,10 +555,11 @@ fn router(inner: Arc<Inner>) -> Router {
                 list_or_watch(i, Kind::Pod, Some(ns), q)
             })
             .post(|State(i): S, Path(ns): Path<String>, b: Bytes| async move {
-                respond(
-                    parse_body(&b).and_then(|v| i.create(Kind::Pod, &ns, v)),
-                    StatusCode::CREATED,
-                )
+                let admitted = match parse_body(&b) {
+                    Ok(v) => admission::admit_pod(&i, &ns, v).await,
+                    Err(e) => Err(e),
+                };
+                respond(admitted.and_then(|v| i.create(Kind::Pod, &ns, v)), StatusCode::CREATED)
             }),
         )
         .route(
@@ -562,41 +611,9 @@ fn router(inner: Arc<Inner>) -> Router {
                 )
             }),
         )
-        .route(
-            "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
-            get(|State(i): S, Path(ns): Path<String>, Query(q): Query<ListQuery>| {
-                list_or_watch(i, Kind::Lease, Some(ns), q)
-            })
-            .post(|State(i): S, Path(ns): Path<String>, b: Bytes| async move {
-                respond(
-                    parse_body(&b).and_then(|v| i.create(Kind::Lease, &ns, v)),
-                    StatusCode::CREATED,
-                )
-            }),
-        )
-        .route(
-            "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}",
-            get(|State(i): S, Path((ns, n)): Path<(String, String)>| async move {
-                respond(
-                    i.get(Kind::Lease, &ns, &n).ok_or_else(|| {
-                        status(
-                            StatusCode::NOT_FOUND,
-                            "NotFound",
-                            format!("leases.coordination.k8s.io {n:?} not found"),
-                        )
-                    }),
-                    StatusCode::OK,
-                )
-            })
-            .put(
-                |State(i): S, Path((ns, n)): Path<(String, String)>, b: Bytes| async move {
-                    respond(
-                        replace_fn(&b).and_then(|f| i.update(Kind::Lease, &ns, &n, f)),
-                        StatusCode::OK,
-                    )
-                },
-            ),
-        )
+        .route("/apis/{*rest}", any(generic::serve))
+        .route("/api/v1/namespaces/{ns}/secrets", any(generic::serve_secrets))
+        .route("/api/v1/namespaces/{ns}/secrets/{name}", any(generic::serve_secrets))
         .fallback(|uri: axum::http::Uri| async move {
             status(
                 StatusCode::NOT_FOUND,
@@ -711,6 +728,53 @@ impl FakeApiServer {
             .filter(|((k, _, _), _)| *k == Kind::Event)
             .filter_map(|(_, v)| serde_json::from_value(v.clone()).ok())
             .collect()
+    }
+
+    /// Creates any object the fake serves (its kind and namespace from its own
+    /// `kind`/`metadata.namespace`), status and all, as a controller's earlier writes would
+    /// have left it.
+    pub fn create_object(&self, obj: &Value) -> anyhow::Result<Value> {
+        let kind = GENERIC
+            .iter()
+            .map(|g| g.0)
+            .chain([Kind::Node, Kind::Pod, Kind::Event])
+            .find(|k| obj["kind"] == k.name())
+            .ok_or_else(|| anyhow::anyhow!("the fake does not serve kind {}", obj["kind"]))?;
+        let ns = if kind.namespaced() {
+            meta_str(obj, "namespace").unwrap_or("default").to_string()
+        } else {
+            String::new()
+        };
+        self.inner
+            .create(kind, &ns, obj.clone())
+            .map_err(|e| anyhow::anyhow!("{}", e.message))
+    }
+
+    /// Every object of `kind` (as its `kind` field spells it), in namespace/name order.
+    pub fn objects(&self, kind: &str) -> Vec<Value> {
+        let s = self.inner.store.lock().unwrap();
+        s.objects
+            .iter()
+            .filter(|((k, _, _), _)| k.name() == kind)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// One object of `kind` by namespace ("" when cluster-scoped) and name.
+    pub fn object(&self, kind: &str, ns: &str, name: &str) -> Option<Value> {
+        let s = self.inner.store.lock().unwrap();
+        s.objects
+            .iter()
+            .find(|((k, n, m), _)| k.name() == kind && n == ns && m == name)
+            .map(|(_, v)| v.clone())
+    }
+
+    /// Deletes one object of `kind`; false when there was none.
+    pub fn delete_object(&self, kind: &str, ns: &str, name: &str) -> bool {
+        let Some(k) = GENERIC.iter().map(|g| g.0).find(|k| k.name() == kind) else {
+            return false;
+        };
+        self.inner.delete(k, ns, name).is_ok()
     }
 
     /// The raw JSON of a Lease.
