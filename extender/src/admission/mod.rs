@@ -190,10 +190,7 @@ impl Webhook {
     }
 }
 
-async fn mutate_pods(
-    State(w): State<Arc<Webhook>>,
-    body: axum::body::Bytes,
-) -> axum::Json<AdmissionReview<DynamicObject>> {
+async fn mutate_pods(State(w): State<Arc<Webhook>>, body: axum::body::Bytes) -> axum::Json<serde_json::Value> {
     let review: Result<AdmissionReview<Pod>, _> = serde_json::from_slice(&body);
     let resp = match review.map_err(|e| e.to_string()).and_then(|r| {
         let req: Result<AdmissionRequest<Pod>, _> = r.try_into();
@@ -202,7 +199,22 @@ async fn mutate_pods(
         Ok(req) => w.review(&req).await,
         Err(e) => AdmissionResponse::invalid(format!("malformed AdmissionReview: {e}")),
     };
-    axum::Json(resp.into_review())
+    axum::Json(review_json(resp.into_review()))
+}
+
+/// The review as the API server reads it: kube-rs writes the patch as an array of numbers
+/// (kube-rs/kube#1781), the API documents a base64 string, so it is written as one.
+fn review_json(review: AdmissionReview<DynamicObject>) -> serde_json::Value {
+    use base64::Engine as _;
+    let mut v = serde_json::to_value(&review).unwrap_or_default();
+    if let Some(bytes) = v["response"]["patch"].as_array().map(|a| {
+        a.iter()
+            .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+            .collect::<Vec<u8>>()
+    }) {
+        v["response"]["patch"] = base64::engine::general_purpose::STANDARD.encode(bytes).into();
+    }
+    v
 }
 
 /// The webhook's router.

@@ -324,6 +324,8 @@ impl Reconciler {
         }
         let mut pending: BTreeSet<String> = BTreeSet::new();
         let mut resync = true;
+        // Without election (a single replica) leadership never changes.
+        let mut elected = true;
         loop {
             if resync && *leading.borrow() {
                 pending.extend(self.every_key());
@@ -335,10 +337,10 @@ impl Reconciler {
                         Some(k) => { pending.insert(k); }
                         None => return,
                     },
-                    r = leading.changed() => {
-                        if r.is_err() { return; }
-                        resync = true;
-                    }
+                    r = leading.changed(), if elected => match r {
+                        Ok(()) => resync = true,
+                        Err(_) => elected = false,
+                    },
                     _ = tokio::time::sleep(RESYNC) => resync = true,
                 }
             }

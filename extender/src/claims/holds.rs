@@ -62,6 +62,11 @@ pub fn booking_key(egpu: &str) -> String {
     format!("egpu/{egpu}")
 }
 
+/// True for the ledger keys of ElasticGPU bookings.
+pub fn is_booking_key(key: &str) -> bool {
+    key.starts_with("egpu/")
+}
+
 /// The one-container booking of a held GPU.
 fn held_booking(key: &ClaimKey, g: &HeldGpu) -> Booking {
     let container = format!("claim:{key}");

@@ -20,7 +20,7 @@ use tessera_core::request::{GpuDemand, PodRequest, RequestError, RequestOptions}
 use tracing::{debug, warn};
 
 use super::wire::{HostScore, MAX_PRIORITY, MetaVictims};
-use crate::claims::holds::{ClaimHolds, LedgerChange, booking_key};
+use crate::claims::holds::{ClaimHolds, LedgerChange, booking_key, is_booking_key};
 
 /// How many observed pods between refreshes of the target workload.
 const WORKLOAD_REFRESH: u64 = 64;
@@ -483,6 +483,10 @@ impl Cluster {
     pub fn pods_listed(&self, uids: &HashSet<String>) {
         let mut l = self.ledger();
         for uid in l.booked_uids() {
+            // Retained ElasticGPUs are booked under their own keys, not pods'.
+            if is_booking_key(&uid) {
+                continue;
+            }
             if !uids.contains(&uid) && l.booking(&uid).is_some_and(|b| b.hold == Hold::Bound) {
                 l.unbook(&uid);
             }

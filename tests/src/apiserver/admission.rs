@@ -59,7 +59,12 @@ async fn call(hook: &Value, ns: &str, pod: &Value) -> anyhow::Result<Verdict> {
         .collect::<Result<Vec<_>, _>>()?;
     anyhow::ensure!(!roots.is_empty(), "clientConfig.caBundle holds no certificate");
     let parsed: axum::http::Uri = url.parse()?;
-    let mut cfg = kube::Config::new(parsed.clone());
+    let base = format!(
+        "{}://{}",
+        parsed.scheme_str().unwrap_or("https"),
+        parsed.authority().map_or("", |a| a.as_str())
+    );
+    let mut cfg = kube::Config::new(base.parse()?);
     cfg.root_cert = Some(roots);
     let client = kube::Client::try_from(cfg)?;
     let review = json!({
