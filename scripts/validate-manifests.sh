@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Validates the install manifests offline against the Kubernetes OpenAPI schemas of 1.29..1.34
 # (strict: unknown fields are errors), with the PyPI package kubernetes-validate in a private
-# virtualenv under .cache/. Checks the checked-in rendering and a non-default one.
+# virtualenv under .cache/. Checks the checked-in rendering and a non-default one, and the
+# example custom resources against the rendered CRDs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +23,11 @@ mkdir -p "$out"
 cargo run -q --locked -p tessera-extender -- manifests \
     --namespace gpu-sharing --image registry.example.com/tessera:dev --replicas 3 \
     --driver-root /run/nvidia/driver --share-enforcement hook --out "$out/custom.yaml"
+# The claim examples: custom resources against the CRDs, their pods with the rest.
+"$VENV/bin/python" scripts/validate-custom-resources.py deploy/tessera.yaml "$out/claims-builtin.yaml" \
+    deploy/examples/claims/*.yaml
 for v in 1.29.0 1.30.0 1.31.0 1.32.0 1.33.0 1.34.0; do
-    "$VENV/bin/kubernetes-validate" --strict --quiet -k "$v" deploy/tessera.yaml "$out/custom.yaml" deploy/examples/*.yaml
+    "$VENV/bin/kubernetes-validate" --strict --quiet -k "$v" deploy/tessera.yaml "$out/custom.yaml" deploy/examples/*.yaml \
+        "$out/claims-builtin.yaml"
     echo "manifests valid for Kubernetes $v"
 done

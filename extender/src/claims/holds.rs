@@ -12,7 +12,7 @@ use tessera_api::egpu::{ElasticGpu, ElasticGpuPhase};
 use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation};
 use tessera_core::ledger::{Booking, Hold};
 use tessera_core::placement::{CARD_MILLI, CardDemand, ContainerDemand, PodDemand};
-use tessera_core::request::ContainerRole;
+use tessera_core::request::{ContainerRole, GpuDemand};
 use tracing::warn;
 
 /// A claim, as `namespace/name`.
@@ -29,6 +29,45 @@ pub struct HeldGpu {
     pub devices: Vec<AllocatedDevice>,
     /// Its class retains it when its pod goes.
     pub retain: bool,
+}
+
+impl HeldGpu {
+    /// Whether its devices are what a container asking `demand` would be given (a claim edited
+    /// since its GPU was retained is not).
+    pub fn serves(&self, demand: &GpuDemand) -> bool {
+        match demand {
+            GpuDemand::None => false,
+            GpuDemand::Share(share) => matches!(
+                self.devices.as_slice(),
+                [AllocatedDevice::Gpu { exclusive: false, core_percent, memory_mib, .. }]
+                    if *core_percent == share.core_percent && share.memory_mib.is_none_or(|m| m == *memory_mib)
+            ),
+            GpuDemand::Whole { cards, min_memory_mib } => {
+                self.devices.len() == *cards as usize
+                    && self.devices.iter().all(|d| {
+                        matches!(d, AllocatedDevice::Gpu { exclusive: true, memory_mib, .. }
+                            if min_memory_mib.is_none_or(|m| *memory_mib >= m))
+                    })
+            }
+            GpuDemand::Mig(wanted) => {
+                let mut have: Vec<String> = self
+                    .devices
+                    .iter()
+                    .filter_map(|d| match d {
+                        AllocatedDevice::Mig { profile, .. } => Some(profile.to_string()),
+                        AllocatedDevice::Gpu { .. } => None,
+                    })
+                    .collect();
+                let mut want: Vec<String> = wanted
+                    .iter()
+                    .flat_map(|m| std::iter::repeat_n(m.profile.to_string(), m.count as usize))
+                    .collect();
+                have.sort();
+                want.sort();
+                have.len() == self.devices.len() && have == want
+            }
+        }
+    }
 }
 
 /// Who uses a claim now.
@@ -317,6 +356,26 @@ mod tests {
             b.gpu_applied(&egpu("egpu-u", "c", true, ElasticGpuPhase::Released)),
         );
         assert!(booked_b.is_empty() && b.gpu("ml/c").is_none());
+    }
+
+    #[test]
+    fn a_retained_gpu_serves_only_the_demand_it_was_given_for() {
+        use tessera_core::request::GpuShare;
+        let mut h = ClaimHolds::default();
+        h.gpu_applied(&egpu("egpu-u", "c", true, ElasticGpuPhase::Bound));
+        let g = h.gpu("ml/c").unwrap();
+        let share = |core, mem| {
+            GpuDemand::Share(GpuShare {
+                core_percent: core,
+                memory_mib: mem,
+            })
+        };
+        assert!(g.serves(&share(10, Some(4096))) && g.serves(&share(10, None)));
+        assert!(!g.serves(&share(20, Some(4096))) && !g.serves(&share(10, Some(8192))));
+        assert!(!g.serves(&GpuDemand::Whole {
+            cards: 1,
+            min_memory_mib: None
+        }));
     }
 
     #[test]

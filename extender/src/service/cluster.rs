@@ -375,6 +375,12 @@ impl Cluster {
             let Some(c) = request.containers.iter_mut().find(|c| &c.name == container) else {
                 continue;
             };
+            if !g.serves(&c.gpu) {
+                return Err(format!(
+                    "ElasticGPUClaim {key} asks for another GPU than its retained ElasticGPU {} holds; delete that ElasticGPU to place the claim afresh",
+                    g.egpu
+                ));
+            }
             containers.push(ContainerAllocation {
                 name: container.clone(),
                 role: c.role,
