@@ -7,7 +7,6 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_core::placement::PodDemand;
-use tessera_core::policy::PolicyKind;
 use tessera_extender::simulate::{self, Scenario, chart, embedded, report, trace};
 
 /// Tessera's kube-scheduler extender and placement simulator.
@@ -102,13 +101,14 @@ struct SimulateArgs {
     /// Pod list CSV (overrides --trace's).
     #[arg(long)]
     pods: Option<PathBuf>,
-    /// Policies to compare, comma-separated.
+    /// Policies to compare, comma-separated; `node/card` (e.g. `fgd/mosaic`) sets the two tiers
+    /// apart.
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "random,spread,binpack,bestfit,fgd,mosaic"
     )]
-    policies: Vec<PolicyKind>,
+    policies: Vec<simulate::Policies>,
     /// Seeds: a range `42..51` (inclusive) or a list `42,43`.
     #[arg(long, default_value = "42..51")]
     seeds: String,
@@ -189,7 +189,7 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         100.0 * requested as f64 / capacity.max(1) as f64,
         scenario.workload.classes.len(),
         seeds,
-        args.policies.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(",")
+        args.policies.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",")
     );
     let threads = args
         .threads

@@ -61,11 +61,59 @@ pub struct Sample {
     pub frag_gpus: f64,
 }
 
+/// The policies of the two tiers: `fgd` (both), or `fgd/mosaic` (node tier, card tier) to
+/// measure one tier's choice under the other's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Policies {
+    /// Which node.
+    pub node: PolicyKind,
+    /// Which card on it.
+    pub card: PolicyKind,
+}
+
+impl From<PolicyKind> for Policies {
+    fn from(p: PolicyKind) -> Self {
+        Self { node: p, card: p }
+    }
+}
+
+impl std::fmt::Display for Policies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.node == self.card {
+            f.write_str(self.node.as_str())
+        } else {
+            write!(f, "{}/{}", self.node.as_str(), self.card.as_str())
+        }
+    }
+}
+
+/// Written as its name (`fgd`, `fgd/mosaic`).
+impl serde::Serialize for Policies {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl std::str::FromStr for Policies {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parse = |p: &str| p.trim().parse::<PolicyKind>().map_err(|e| e.to_string());
+        match s.split_once('/') {
+            None => parse(s).map(Self::from),
+            Some((n, c)) => Ok(Self {
+                node: parse(n)?,
+                card: parse(c)?,
+            }),
+        }
+    }
+}
+
 /// One policy x seed run.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunResult {
     /// Policy (both tiers).
-    pub policy: PolicyKind,
+    pub policy: Policies,
     /// Seed.
     pub seed: u64,
     /// One sample per point in [`POINTS`] reached.
@@ -77,7 +125,8 @@ pub struct RunResult {
 }
 
 /// Runs one policy with one seed.
-pub fn run(scenario: &Scenario, policy: PolicyKind, seed: u64, on_task: &dyn Fn()) -> RunResult {
+pub fn run(scenario: &Scenario, policy: impl Into<Policies>, seed: u64, on_task: &dyn Fn()) -> RunResult {
+    let policy = policy.into();
     let mut rng = Rng::new(seed);
     let mut cluster = scenario.cluster.clone();
     let mut order: Vec<usize> = (0..cluster.nodes.len()).collect();
@@ -94,9 +143,9 @@ pub fn run(scenario: &Scenario, policy: PolicyKind, seed: u64, on_task: &dyn Fn(
         tasks.push(t);
     }
     let config = EngineConfig {
-        node_policy: policy,
-        gpu_policy: policy,
-        seed: seed.wrapping_mul(0x9E37_79B9).wrapping_add(policy as u64),
+        node_policy: policy.node,
+        gpu_policy: policy.card,
+        seed: seed.wrapping_mul(0x9E37_79B9).wrapping_add(policy.node as u64),
     };
     let mut engine = Engine::new(cluster, &scenario.workload, config);
     let mut samples = Vec::new();
@@ -141,12 +190,12 @@ pub fn run(scenario: &Scenario, policy: PolicyKind, seed: u64, on_task: &dyn Fn(
 /// submitted (for progress).
 pub fn run_all(
     scenario: &Scenario,
-    policies: &[PolicyKind],
+    policies: &[Policies],
     seeds: &[u64],
     threads: usize,
     on_task: &(dyn Fn() + Sync),
 ) -> Vec<RunResult> {
-    let jobs: Vec<(PolicyKind, u64)> = policies
+    let jobs: Vec<(Policies, u64)> = policies
         .iter()
         .flat_map(|&p| seeds.iter().map(move |&s| (p, s)))
         .collect();

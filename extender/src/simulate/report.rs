@@ -3,7 +3,6 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use tessera_core::policy::PolicyKind;
 
 use super::{RunResult, Sample};
 
@@ -14,7 +13,7 @@ pub const TABLE_POINTS: [u32; 10] = [50, 60, 70, 80, 90, 95, 100, 110, 120, 130]
 #[derive(Debug, Clone, Serialize)]
 pub struct PolicySeries {
     /// Policy.
-    pub policy: PolicyKind,
+    pub policy: super::Policies,
     /// Seeds averaged.
     pub seeds: usize,
     /// Mean sample per point (index 0 = 1% arrived).
@@ -30,7 +29,7 @@ impl PolicySeries {
 
 /// Means over seeds, per policy, in the order policies first appear.
 pub fn summarize(results: &[RunResult]) -> Vec<PolicySeries> {
-    let mut policies: Vec<PolicyKind> = Vec::new();
+    let mut policies: Vec<super::Policies> = Vec::new();
     for r in results {
         if !policies.contains(&r.policy) {
             policies.push(r.policy);
@@ -75,7 +74,7 @@ fn table(
     extra: Option<ExtraColumn<'_>>,
 ) {
     let _ = writeln!(out, "\n{title}");
-    let _ = write!(out, "{:<10}", "policy");
+    let _ = write!(out, "{:<14}", "policy");
     for p in TABLE_POINTS {
         let _ = write!(out, "{:>8}", format!("{p}%"));
     }
@@ -84,7 +83,7 @@ fn table(
     }
     let _ = writeln!(out);
     for s in series {
-        let _ = write!(out, "{:<10}", s.policy.as_str());
+        let _ = write!(out, "{:<14}", s.policy.to_string());
         for p in TABLE_POINTS {
             match s.at(p) {
                 Some(x) => {

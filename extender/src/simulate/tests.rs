@@ -43,7 +43,7 @@ fn fragmentation_aware_policies_beat_random() {
     let s = small();
     let results = run_all(
         &s,
-        &[PolicyKind::Random, PolicyKind::Fgd, PolicyKind::Mosaic],
+        &[PolicyKind::Random.into(), PolicyKind::Fgd.into(), PolicyKind::Mosaic.into()],
         &[1, 2],
         2,
         &|| {},
@@ -52,7 +52,7 @@ fn fragmentation_aware_policies_beat_random() {
     let at100 = |p: PolicyKind| {
         series
             .iter()
-            .find(|x| x.policy == p)
+            .find(|x| x.policy == p.into())
             .unwrap()
             .at(100)
             .unwrap()
