@@ -96,6 +96,24 @@ fn bench(c: &mut Criterion) {
         group.bench_function(format!("{policy}/2-gpu"), |b| {
             b.iter(|| black_box(engine.schedule(black_box(&two)).is_ok()))
         });
+        // The extender's filter for a pod shape no node has seen yet: every call asks for a
+        // share of another size, so no node's remembered verdict applies.
+        let all: Vec<usize> = (0..engine.cluster.nodes.len()).collect();
+        let mut core = 100;
+        group.bench_function(format!("{policy}/filter-new-shape"), |b| {
+            b.iter(|| {
+                core = if core >= 900 { 101 } else { core + 1 };
+                let pod = PodDemand::single(
+                    4000,
+                    8 << 30,
+                    Some(CardDemand::Share {
+                        core_milli: core,
+                        memory_mib: Some(4096),
+                    }),
+                );
+                black_box(engine.evaluate_nodes(black_box(&pod), &all).len())
+            })
+        });
     }
     group.finish();
 }

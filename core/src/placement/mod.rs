@@ -396,17 +396,17 @@ impl ShareChooser for FirstChooser {
     }
 }
 
-/// Width of Mosaic's fragmentation steps, milli-GPU: placements whose fragmentation growth
-/// differs by less than this are equally good, and the first node in scan order wins, which
-/// keeps filling the same nodes (consolidation) instead of chasing noise.
-const MOSAIC_STEP: f64 = 120.0;
-
-/// Mosaic's node score. GPU tasks: fragmentation growth in [`MOSAIC_STEP`] steps. CPU-only
-/// tasks: exact growth, then the node with the fewest idle GPUs, so that CPU on GPU-rich nodes
-/// is kept for the GPU tasks that will need it.
+/// Mosaic's node score. GPU tasks: FGD's (fragmentation growth through FGD's sigmoid, ties to
+/// the first node in scan order). CPU-only tasks: exact growth, then the node with the fewest
+/// idle GPUs, so that CPU on GPU-rich nodes is kept for the GPU tasks that will need it.
+///
+/// GPU tasks were once scored by the growth in linear 120-milli steps: +0.1 point on the
+/// default trace, but -0.2 on the share-heavy one (a share's growth is a few hundred milli at
+/// most; steps that wide tie most nodes and the first in order takes the share), while FGD's
+/// sigmoid resolves 40 milli near zero (docs/placement.md, "What did not work").
 fn mosaic_node_score(before: f64, after: f64, gpu_free_after: u64, wants_cards: bool) -> f64 {
     if wants_cards {
-        ((before - after) / MOSAIC_STEP).floor()
+        fgd_score(before, after)
     } else {
         (before - after) - gpu_free_after as f64 * 1e-3
     }
