@@ -189,7 +189,11 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         100.0 * requested as f64 / capacity.max(1) as f64,
         scenario.workload.classes.len(),
         seeds,
-        args.policies.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",")
+        args.policies
+            .iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
     );
     let threads = args
         .threads

@@ -31,6 +31,7 @@ pub(super) struct Scratch {
     pub(super) rng: Rng,
     shape: NodeShape,
     positions: Vec<usize>,
+    sums: super::ClassSums,
 }
 
 impl Scratch {
@@ -40,6 +41,7 @@ impl Scratch {
             rng: Rng::new(seed),
             shape: NodeShape::default(),
             positions: Vec::new(),
+            sums: Default::default(),
         }
     }
 
@@ -51,6 +53,7 @@ impl Scratch {
             rng: self.rng.clone(),
             shape: NodeShape::default(),
             positions: Vec::new(),
+            sums: Default::default(),
         }
     }
 }
@@ -134,17 +137,26 @@ impl Evaluator<'_> {
         }
         let cpu_after = node.cpu_free() - pod.cpu_milli;
         let mut bonus = 0.0;
+        // The chosen card's fragmentation after, when the card tier computed it.
+        let mut chosen_after: Option<f64> = None;
         let model_ok = |i: usize| allowed.get(usize::from(node.cards[i].model)).copied().unwrap_or(false);
         let (choice, removed_milli) = match pod.containers.first().map(|c| &c.cards) {
             None => (SimpleChoice::NoCards, 0u64),
             Some(CardDemand::Share { core_milli, memory_mib }) => {
                 let core = *core_milli;
-                let mut best: Option<(f64, usize, u64)> = None;
+                let mut best: Option<(f64, usize, u64, f64)> = None;
                 let mut ties = 0u64;
                 let mut fallback: Option<(u32, u64)> = None;
                 // Cards in the same state score the same (the first is kept on ties), so the
                 // fragmentation policies evaluate each state once.
                 let dedupe = matches!(gpu_policy, PolicyKind::Fgd | PolicyKind::Mosaic);
+                // Each card tried changes one card: its fragmentation after is an O(classes)
+                // update of the node's by-class sums.
+                if dedupe {
+                    self.s
+                        .frag
+                        .sums(&mut self.s.sums, self.s.shape.model, cpu_after, &self.s.shape.frees);
+                }
                 let mut seen: [(u32, u64, u64); 16] = [(0, 0, 0); 16];
                 let mut n_seen = 0;
                 for (i, c) in node.cards.iter().enumerate() {
@@ -168,6 +180,7 @@ impl Evaluator<'_> {
                             n_seen += 1;
                         }
                     }
+                    let mut after = f64::NAN;
                     let s = match gpu_policy {
                         PolicyKind::Binpack | PolicyKind::Bestfit => {
                             -(f64::from(c.core_free()) * 1e9 + c.memory_free() as f64) / 1e12
@@ -175,10 +188,10 @@ impl Evaluator<'_> {
                         PolicyKind::Spread => (f64::from(c.core_free()) * 1e9 + c.memory_free() as f64) / 1e12,
                         PolicyKind::Random => 0.0,
                         PolicyKind::Fgd | PolicyKind::Mosaic => {
-                            let pos = self.s.positions[i];
-                            self.s.shape.frees[pos] -= core;
-                            let after = self.s.frag.eval(self.s.shape.model, cpu_after, &self.s.shape.frees);
-                            self.s.shape.frees[pos] += core;
+                            after = self
+                                .s
+                                .frag
+                                .after_change(&self.s.sums, c.core_free(), c.core_free() - core);
                             if gpu_policy == PolicyKind::Fgd {
                                 fgd_score(before, after)
                             } else {
@@ -187,24 +200,27 @@ impl Evaluator<'_> {
                         }
                     };
                     match best {
-                        Some((b, _, _)) if s < b => {}
-                        Some((b, _, _)) if s == b => {
+                        Some((b, ..)) if s < b => {}
+                        Some((b, ..)) if s == b => {
                             // Random picks uniformly among all; the others keep the first.
                             if gpu_policy == PolicyKind::Random {
                                 ties += 1;
                                 if self.s.rng.below(ties + 1) == 0 {
-                                    best = Some((s, i, mem));
+                                    best = Some((s, i, mem, after));
                                 }
                             }
                         }
                         _ => {
                             ties = 0;
-                            best = Some((s, i, mem));
+                            best = Some((s, i, mem, after));
                         }
                     }
                 }
                 match best {
-                    Some((_, card, memory_mib)) => (SimpleChoice::Share { card, memory_mib }, u64::from(core)),
+                    Some((_, card, memory_mib, after)) => {
+                        chosen_after = Some(after).filter(|a| !a.is_nan());
+                        (SimpleChoice::Share { card, memory_mib }, u64::from(core))
+                    }
                     None => {
                         let needs = format!(
                             "needs {}, {}",
@@ -262,7 +278,7 @@ impl Evaluator<'_> {
             node_policy,
             rng,
             before,
-            || frag.eval(shape.model, cpu_after, &shape.frees),
+            || chosen_after.unwrap_or_else(|| frag.eval(shape.model, cpu_after, &shape.frees)),
             &after,
             pod,
         );

@@ -122,9 +122,24 @@ impl WorkloadLearner {
 struct Compiled {
     cpu_milli: u64,
     gpu_milli: u32,
+    /// Position of `gpu_milli` in the distinct per-card demands (`None` for CPU-only classes).
+    level: Option<usize>,
     cards: usize,
     allowed: Vec<bool>,
     weight: f64,
+}
+
+/// A node's fragmentation by class ([`Fragmentation::sums`]): per distinct per-card demand of
+/// the workload, how many cards have room for it and the free compute of those that do not;
+/// the classes that could run there at all (model, CPU, number of cards), weighed together.
+#[derive(Debug, Clone, Default)]
+pub struct ClassSums {
+    per_level: Vec<(u32, u64)>,
+    /// (level, cards, total weight) of the classes that can run on the node.
+    groups: Vec<(usize, usize, f64)>,
+    unusable_weight: f64,
+    idle: u64,
+    empty: bool,
 }
 
 /// A node's state as fragmentation sees it.
@@ -160,6 +175,8 @@ impl NodeShape {
 #[derive(Debug, Clone)]
 pub struct Fragmentation {
     classes: Vec<Compiled>,
+    /// The distinct per-card demands of the classes that want GPU, ascending.
+    levels: Vec<u32>,
     waste: Vec<f64>,
     cpu_thresholds: Vec<u64>,
     memo: FxHashMap<(u128, u32), f64>,
@@ -182,17 +199,26 @@ impl Fragmentation {
             .map(|c| Compiled {
                 cpu_milli: c.cpu_milli,
                 gpu_milli: c.gpu_milli,
+                level: None,
                 cards: c.cards as usize,
                 allowed: cluster.allowed_models(c.models.as_deref()),
                 weight: c.weight,
             })
             .collect();
+        let mut levels: Vec<u32> = classes.iter().map(|c| c.gpu_milli).filter(|&g| g > 0).collect();
+        levels.sort_unstable();
+        levels.dedup();
+        let mut classes = classes;
+        for c in &mut classes {
+            c.level = levels.binary_search(&c.gpu_milli).ok();
+        }
         let mut cpu_thresholds: Vec<u64> = classes.iter().map(|c| c.cpu_milli).collect();
         cpu_thresholds.sort_unstable();
         cpu_thresholds.dedup();
         let waste = expected_waste(&classes);
         Self {
             classes,
+            levels,
             waste,
             cpu_thresholds,
             memo: FxHashMap::default(),
@@ -215,6 +241,7 @@ impl Fragmentation {
     pub fn without_memo(&self) -> Self {
         Self {
             classes: self.classes.clone(),
+            levels: self.levels.clone(),
             waste: self.waste.clone(),
             cpu_thresholds: self.cpu_thresholds.clone(),
             memo: FxHashMap::default(),
@@ -285,6 +312,69 @@ impl Fragmentation {
                 idle
             };
             total += c.weight * frag as f64;
+        }
+        total
+    }
+
+    /// A node's fragmentation by class (model, free CPU after the placement, free compute per
+    /// card), written into `out` (its buffers reused), so that the node with one card changed is
+    /// evaluated by [`Fragmentation::after_change`] without sorting or scanning the cards again.
+    pub fn sums(&self, out: &mut ClassSums, model: u16, cpu_free: u64, frees: &[u32]) {
+        out.idle = frees.iter().map(|&f| u64::from(f)).sum();
+        out.empty = frees.is_empty();
+        out.per_level.clear();
+        out.per_level.extend(self.levels.iter().map(|&g| {
+            let (mut room, mut fragments) = (0u32, 0u64);
+            for &f in frees {
+                if f >= g {
+                    room += 1;
+                } else {
+                    fragments += u64::from(f);
+                }
+            }
+            (room, fragments)
+        }));
+        // Classes that can run here are summed by (per-card demand, cards); the rest count the
+        // node's whole idle compute whatever changes.
+        out.groups.clear();
+        out.unusable_weight = 0.0;
+        for c in &self.classes {
+            let usable = c.gpu_milli > 0
+                && c.allowed.get(usize::from(model)).copied().unwrap_or(false)
+                && cpu_free >= c.cpu_milli
+                && c.cards >= 1
+                && c.cards <= frees.len();
+            match c.level {
+                Some(level) if usable => match out.groups.iter_mut().find(|g| g.0 == level && g.1 == c.cards) {
+                    Some(g) => g.2 += c.weight,
+                    None => out.groups.push((level, c.cards, c.weight)),
+                },
+                _ => out.unusable_weight += c.weight,
+            }
+        }
+    }
+
+    /// The fragmentation of the node `sums` describes once one card's free compute goes from
+    /// `from` to `to` (`to <= from`): what [`Fragmentation::eval`] gives for the changed node,
+    /// summed in another order.
+    pub fn after_change(&self, sums: &ClassSums, from: u32, to: u32) -> f64 {
+        if sums.empty {
+            return 0.0;
+        }
+        let idle = sums.idle - u64::from(from) + u64::from(to);
+        let mut total = sums.unusable_weight * idle as f64;
+        for &(level, cards, weight) in &sums.groups {
+            let g = self.levels[level];
+            let (mut room, mut fragments) = sums.per_level[level];
+            // The card counts as room for `g` before when `from >= g`, after when `to >= g`.
+            if from >= g && to < g {
+                room -= 1;
+                fragments += u64::from(to);
+            } else if from < g {
+                fragments = fragments - u64::from(from) + u64::from(to);
+            }
+            let frag = if room as usize >= cards { fragments } else { idle };
+            total += weight * frag as f64;
         }
         total
     }

@@ -22,7 +22,7 @@ pub use fit::{
     CardAssign, CardUsage, ContainerPlacement, NodePlan, PodUsage, ShareChooser, check_node_resources,
     commit as commit_usage, plan_node, release as release_usage,
 };
-pub use frag::{Fragmentation, NodeShape, TargetWorkload, WorkloadClass, WorkloadLearner, fgd_score};
+pub use frag::{ClassSums, Fragmentation, NodeShape, TargetWorkload, WorkloadClass, WorkloadLearner, fgd_score};
 pub use rng::Rng;
 pub use state::{CARD_MILLI, CardState, ClusterState, MigSlot, NodeState, ShareUser};
 

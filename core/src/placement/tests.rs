@@ -523,3 +523,37 @@ fn a_link_requirement_filters_and_topology_breaks_node_ties() {
     );
     assert!(b > a && b - a < 1e-6, "a tie-break only: {a} vs {b}");
 }
+
+proptest! {
+    /// The by-class sums give the fragmentation `eval` gives, for any node and any card change.
+    #[test]
+    fn one_card_changed_costs_what_a_full_evaluation_says(
+        classes in prop::collection::vec((0u64..8_000, prop::sample::select(vec![0u32, 50, 110, 250, 470, 500, 810, 1000]), 1u32..4, 0.01f64..1.0), 1..30),
+        frees in prop::collection::vec(0u32..=1000, 0..9),
+        cpu in 0u64..10_000,
+        pick in any::<prop::sample::Index>(),
+        take in 0u32..=1000,
+    ) {
+        let cluster = engine(PolicyKind::Fgd, &["h100x8", "t4x2"]).cluster.clone();
+        let workload = TargetWorkload {
+            classes: classes
+                .into_iter()
+                .map(|(cpu_milli, gpu_milli, cards, weight)| WorkloadClass { cpu_milli, gpu_milli, cards, models: None, weight })
+                .collect(),
+        };
+        let mut f = Fragmentation::new(&workload, &cluster);
+        let mut sums = ClassSums::default();
+        f.sums(&mut sums, 0, cpu, &frees);
+        if frees.is_empty() {
+            prop_assert_eq!(f.after_change(&sums, 0, 0), 0.0);
+        } else {
+            let i = pick.index(frees.len());
+            let to = frees[i].saturating_sub(take);
+            let mut changed = frees.clone();
+            changed[i] = to;
+            let want = f.eval(0, cpu, &changed);
+            let got = f.after_change(&sums, frees[i], to);
+            prop_assert!((want - got).abs() <= 1e-9 * want.abs().max(1.0), "{} vs {}", want, got);
+        }
+    }
+}

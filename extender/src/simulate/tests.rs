@@ -43,7 +43,11 @@ fn fragmentation_aware_policies_beat_random() {
     let s = small();
     let results = run_all(
         &s,
-        &[PolicyKind::Random.into(), PolicyKind::Fgd.into(), PolicyKind::Mosaic.into()],
+        &[
+            PolicyKind::Random.into(),
+            PolicyKind::Fgd.into(),
+            PolicyKind::Mosaic.into(),
+        ],
         &[1, 2],
         2,
         &|| {},
