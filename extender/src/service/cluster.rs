@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use tessera_api::pod::{ClaimUse, PodClaimError, claim_refs};
+use tessera_api::pod::{ClaimUse, PodClaimError, claim_refs, names_claims};
 use tessera_core::handoff::ContainerAllocation;
 use tessera_core::handoff::{Allocation, SigningKeys};
 use tessera_core::inventory::{Health, PublishedInventory};
@@ -338,10 +338,15 @@ impl Cluster {
     pub fn ask(&self, pod: &Pod) -> Result<PodAsk, AskError> {
         let request = PodRequest::from_pod(pod, &self.opts)?;
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        let claims = claim_refs(pod)?
-            .into_iter()
-            .map(|ClaimUse { container, claim, .. }| (container, format!("{ns}/{claim}")))
-            .collect();
+        // Most pods name no claim: no parsing for them.
+        let claims = if names_claims(pod) {
+            claim_refs(pod)?
+                .into_iter()
+                .map(|ClaimUse { container, claim, .. }| (container, format!("{ns}/{claim}")))
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(PodAsk {
             demand: PodDemand::from_request(&request),
             core_limit: request.core_limit,
