@@ -124,6 +124,8 @@ struct Compiled {
     gpu_milli: u32,
     /// Position of `gpu_milli` in the distinct per-card demands (`None` for CPU-only classes).
     level: Option<usize>,
+    /// Its (per-card demand, cards) group in [`Fragmentation::groups`] (`None` for CPU-only).
+    group: Option<usize>,
     cards: usize,
     allowed: Vec<bool>,
     weight: f64,
@@ -135,8 +137,15 @@ struct Compiled {
 #[derive(Debug, Clone, Default)]
 pub struct ClassSums {
     per_level: Vec<(u32, u64)>,
-    /// (level, cards, total weight) of the classes that can run on the node.
-    groups: Vec<(usize, usize, f64)>,
+    /// Per group of [`Fragmentation`]'s, the weight of its classes that can run on the node.
+    group_weight: Vec<f64>,
+    /// The groups laid out for [`Fragmentation::after_change`]'s loop: per-card demand, cards
+    /// needed, cards with room and free compute of the others now, weight.
+    g: Vec<i64>,
+    cards: Vec<i64>,
+    room: Vec<i64>,
+    fragments: Vec<i64>,
+    weight: Vec<f64>,
     unusable_weight: f64,
     idle: u64,
     empty: bool,
@@ -177,6 +186,8 @@ pub struct Fragmentation {
     classes: Vec<Compiled>,
     /// The distinct per-card demands of the classes that want GPU, ascending.
     levels: Vec<u32>,
+    /// The distinct (level, cards) of the classes that want GPU, in first-seen class order.
+    groups: Vec<(usize, usize)>,
     waste: Vec<f64>,
     cpu_thresholds: Vec<u64>,
     memo: FxHashMap<(u128, u32), f64>,
@@ -200,6 +211,7 @@ impl Fragmentation {
                 cpu_milli: c.cpu_milli,
                 gpu_milli: c.gpu_milli,
                 level: None,
+                group: None,
                 cards: c.cards as usize,
                 allowed: cluster.allowed_models(c.models.as_deref()),
                 weight: c.weight,
@@ -209,8 +221,15 @@ impl Fragmentation {
         levels.sort_unstable();
         levels.dedup();
         let mut classes = classes;
+        let mut groups: Vec<(usize, usize)> = Vec::new();
         for c in &mut classes {
             c.level = levels.binary_search(&c.gpu_milli).ok();
+            c.group = c.level.map(|l| {
+                groups.iter().position(|&g| g == (l, c.cards)).unwrap_or_else(|| {
+                    groups.push((l, c.cards));
+                    groups.len() - 1
+                })
+            });
         }
         let mut cpu_thresholds: Vec<u64> = classes.iter().map(|c| c.cpu_milli).collect();
         cpu_thresholds.sort_unstable();
@@ -219,6 +238,7 @@ impl Fragmentation {
         Self {
             classes,
             levels,
+            groups,
             waste,
             cpu_thresholds,
             memo: FxHashMap::default(),
@@ -242,6 +262,7 @@ impl Fragmentation {
         Self {
             classes: self.classes.clone(),
             levels: self.levels.clone(),
+            groups: self.groups.clone(),
             waste: self.waste.clone(),
             cpu_thresholds: self.cpu_thresholds.clone(),
             memo: FxHashMap::default(),
@@ -326,17 +347,16 @@ impl Fragmentation {
         out.per_level.extend(self.levels.iter().map(|&g| {
             let (mut room, mut fragments) = (0u32, 0u64);
             for &f in frees {
-                if f >= g {
-                    room += 1;
-                } else {
-                    fragments += u64::from(f);
-                }
+                let fits = f >= g;
+                room += u32::from(fits);
+                fragments += if fits { 0 } else { u64::from(f) };
             }
             (room, fragments)
         }));
         // Classes that can run here are summed by (per-card demand, cards); the rest count the
         // node's whole idle compute whatever changes.
-        out.groups.clear();
+        out.group_weight.clear();
+        out.group_weight.resize(self.groups.len(), 0.0);
         out.unusable_weight = 0.0;
         for c in &self.classes {
             let usable = c.gpu_milli > 0
@@ -344,13 +364,26 @@ impl Fragmentation {
                 && cpu_free >= c.cpu_milli
                 && c.cards >= 1
                 && c.cards <= frees.len();
-            match c.level {
-                Some(level) if usable => match out.groups.iter_mut().find(|g| g.0 == level && g.1 == c.cards) {
-                    Some(g) => g.2 += c.weight,
-                    None => out.groups.push((level, c.cards, c.weight)),
-                },
+            match c.group {
+                Some(g) if usable => out.group_weight[g] += c.weight,
                 _ => out.unusable_weight += c.weight,
             }
+        }
+        out.g.clear();
+        out.cards.clear();
+        out.room.clear();
+        out.fragments.clear();
+        out.weight.clear();
+        for (&(level, cards), &weight) in self.groups.iter().zip(&out.group_weight) {
+            if weight == 0.0 {
+                continue;
+            }
+            let (room, fragments) = out.per_level[level];
+            out.g.push(i64::from(self.levels[level]));
+            out.cards.push(cards as i64);
+            out.room.push(i64::from(room));
+            out.fragments.push(fragments as i64);
+            out.weight.push(weight);
         }
     }
 
@@ -361,20 +394,25 @@ impl Fragmentation {
         if sums.empty {
             return 0.0;
         }
-        let idle = sums.idle - u64::from(from) + u64::from(to);
+        let idle = (sums.idle - u64::from(from) + u64::from(to)) as i64;
+        let (from, to) = (i64::from(from), i64::from(to));
         let mut total = sums.unusable_weight * idle as f64;
-        for &(level, cards, weight) in &sums.groups {
-            let g = self.levels[level];
-            let (mut room, mut fragments) = sums.per_level[level];
-            // The card counts as room for `g` before when `from >= g`, after when `to >= g`.
-            if from >= g && to < g {
-                room -= 1;
-                fragments += u64::from(to);
-            } else if from < g {
-                fragments = fragments - u64::from(from) + u64::from(to);
-            }
-            let frag = if room as usize >= cards { fragments } else { idle };
-            total += weight * frag as f64;
+        // Branch-free: the card counts as room for `g` before when `from >= g`, after when
+        // `to >= g`; otherwise its free compute is a fragment.
+        let n = sums.g.len();
+        let (gs, cards, rooms, frags, weights) = (
+            &sums.g[..n],
+            &sums.cards[..n],
+            &sums.room[..n],
+            &sums.fragments[..n],
+            &sums.weight[..n],
+        );
+        for i in 0..n {
+            let g = gs[i];
+            let room = rooms[i] - i64::from(from >= g) + i64::from(to >= g);
+            let fragments = frags[i] - if from < g { from } else { 0 } + if to < g { to } else { 0 };
+            let frag = if room >= cards[i] { fragments } else { idle };
+            total += weights[i] * frag as f64;
         }
         total
     }
