@@ -347,50 +347,15 @@ impl Ledger {
         demand: &PodDemand,
         core_limit: Option<u32>,
     ) -> Result<Option<Allocation>, LedgerError> {
-        if let Some(b) = self.bookings.get(uid) {
-            if b.node == node {
-                return Ok(b.allocation.clone());
-            }
-            // A reservation elsewhere is a bind that failed or was given up: replaced. A pod
-            // bound elsewhere keeps its cards.
-            if b.hold == Hold::Bound {
-                return Err(LedgerError::AlreadyBound(b.node.clone()));
-            }
-        }
-        self.unbook(uid);
-        let i = self
-            .node_index(node)
-            .ok_or_else(|| LedgerError::UnknownNode(node.to_string()))?;
-        let does_not_fit = |reason: String| LedgerError::DoesNotFit {
-            node: node.to_string(),
-            reason,
-        };
-        let allocation = if demand.wants_cards() {
-            let placement = self.engine.plan_on(i, demand).map_err(does_not_fit)?;
-            let mut a = allocation_of(&self.engine.cluster.nodes[i], demand, &placement.plan, uid);
-            a.core_limit = core_limit;
-            Some(a)
-        } else {
-            check_node_resources(&self.engine.cluster.nodes[i], demand).map_err(does_not_fit)?;
-            None
-        };
-        self.book(
-            uid,
-            Booking {
-                node: node.to_string(),
-                demand: demand.clone(),
-                allocation: allocation.clone(),
-                hold: Hold::Reserved,
-            },
-        )?;
-        Ok(allocation)
+        self.reserve_holding(uid, node, demand, demand, core_limit, &[], &[])
     }
 
     /// Reserves a pod some of whose containers keep devices already booked for them under other
     /// keys (a claim's retained GPU): `held` are those containers' devices and `handover` the
     /// bookings that hold them now. The rest of the pod (`planned`: `demand` without the held
-    /// containers' cards) is planned beside them as [`Ledger::reserve`] would; then the
-    /// handed-over bookings give way to the pod's in one step, or, if booking fails, stay.
+    /// containers' cards) is planned beside them as [`Ledger::reserve`] does (which is this with
+    /// nothing held); then the handed-over bookings give way to the pod's in one step, or, if
+    /// booking fails, stay.
     #[allow(clippy::too_many_arguments)]
     pub fn reserve_holding(
         &mut self,
@@ -406,6 +371,8 @@ impl Ledger {
             if b.node == node {
                 return Ok(b.allocation.clone());
             }
+            // A reservation elsewhere is a bind that failed or was given up: replaced. A pod
+            // bound elsewhere keeps its cards.
             if b.hold == Hold::Bound {
                 return Err(LedgerError::AlreadyBound(b.node.clone()));
             }
@@ -427,17 +394,27 @@ impl Ledger {
                 elsewhere.node
             )));
         }
-        let mut a = if planned.wants_cards() {
+        let mut allocation = if planned.wants_cards() {
             let placement = self.engine.plan_on(i, planned).map_err(does_not_fit)?;
-            allocation_of(&self.engine.cluster.nodes[i], planned, &placement.plan, uid)
+            Some(allocation_of(
+                &self.engine.cluster.nodes[i],
+                planned,
+                &placement.plan,
+                uid,
+            ))
         } else {
             check_node_resources(&self.engine.cluster.nodes[i], planned).map_err(does_not_fit)?;
-            Allocation::new(node.to_string(), uid)
+            None
         };
-        a.core_limit = core_limit;
-        a.containers.extend(held.iter().cloned());
-        a.containers
-            .sort_by_key(|c| demand.containers.iter().position(|d| d.name == c.name));
+        if !held.is_empty() {
+            let a = allocation.get_or_insert_with(|| Allocation::new(node.to_string(), uid));
+            a.containers.extend(held.iter().cloned());
+            a.containers
+                .sort_by_key(|c| demand.containers.iter().position(|d| d.name == c.name));
+        }
+        if let Some(a) = &mut allocation {
+            a.core_limit = core_limit;
+        }
         let given_way: Vec<(String, Booking)> = handover
             .iter()
             .filter_map(|k| self.unbook(k).map(|b| (k.to_string(), b)))
@@ -445,7 +422,7 @@ impl Ledger {
         let booking = Booking {
             node: node.to_string(),
             demand: demand.clone(),
-            allocation: Some(a.clone()),
+            allocation: allocation.clone(),
             hold: Hold::Reserved,
         };
         if let Err(e) = self.book(uid, booking) {
@@ -454,7 +431,7 @@ impl Ledger {
             }
             return Err(e);
         }
-        Ok(Some(a))
+        Ok(allocation)
     }
 
     /// Whether `demand` fits on `node` once the pods `victims` are gone (their bookings are
