@@ -8,6 +8,9 @@ echo "== toolchain: $(cargo --version)"
 # Real container runtimes for the end-to-end tests (cached under .cache/runtimes).
 echo "== runtimes (tests/runtimes/fetch.sh):"
 bash tests/runtimes/fetch.sh
+# NVIDIA's real driver userspace (two branches, four node layouts; cached under .cache/nvidia).
+echo "== NVIDIA userspace (tests/nvidia/fetch.sh):"
+bash tests/nvidia/fetch.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

@@ -24,6 +24,10 @@ pub struct DaemonConfig {
     pub node_name: Option<String>,
     /// Mount the driver as one bundle (see [`crate::bundle`]).
     pub bundle: Option<BundleConfig>,
+    /// Where this process sees the host's `/`: a spec is written only when every path it
+    /// mounts exists there. `None` skips that check (fixture specs in tests, which name files
+    /// of no machine).
+    pub check_host_paths: Option<PathBuf>,
 }
 
 /// Where driver bundles are made.
@@ -87,6 +91,12 @@ impl Generator {
             opts.driver_bundle = Some(crate::bundle::prepare(inventory, &b.host_root, &b.root)?);
         }
         let (spec, text) = spec::render(inventory, &opts)?;
+        if let Some(root) = &config.check_host_paths {
+            let missing = spec::missing_host_paths(&spec, &opts, root);
+            if !missing.is_empty() {
+                return Err(spec::SpecError::MissingHostPaths(missing).into());
+            }
+        }
         let outcome = writer::write_spec(&config.cdi_dir, writer::SPEC_FILE, &text)?;
         let names = |s: &CdiSpec| s.devices.iter().map(|d| d.name.clone()).collect::<BTreeSet<_>>();
         let before = self.last.as_ref().map(names).unwrap_or_default();

@@ -26,8 +26,9 @@ struct SourceArgs {
     /// a100-nvlink-pairs, l40s-pcie-switches) instead of NVML.
     #[arg(long)]
     fixture: Option<PathBuf>,
-    /// Host directory holding the driver files (default: the fixture's; with NVML, detected:
-    /// /run/nvidia/driver, /, /usr/local/nvidia, /home/kubernetes/bin/nvidia).
+    /// Host directory holding the driver files, detected by default (/run/nvidia/driver, /,
+    /// /usr/local/nvidia, /home/kubernetes/bin/nvidia). With --fixture: the driver's real
+    /// files are found there (without it, the fixture's own list is used).
     #[arg(long)]
     driver_root: Option<PathBuf>,
     /// Where this process sees the host's / (the node DaemonSet mounts it at /host). Files
@@ -111,6 +112,8 @@ impl SourceArgs {
             Some(f) => Box::new(FixtureSource {
                 fixture: f.clone(),
                 driver_root: self.driver_root.clone(),
+                // A fixture's GPUs with the real driver files found under the given root.
+                discover_driver_under: self.driver_root.as_ref().map(|_| self.host_root.clone()),
             }),
             None => Box::new(self.nvml()),
         }
@@ -195,10 +198,23 @@ async fn main() -> anyhow::Result<()> {
                 inventory.driver_check().map_err(anyhow::Error::msg)?;
                 opts.driver_bundle = Some(bundle::prepare(&inventory, &b.host_root, &b.root)?);
             }
-            let (_, text) = spec::render(&inventory, &opts)?;
+            let (spec, text) = spec::render(&inventory, &opts)?;
+            let missing = spec::missing_host_paths(&spec, &opts, &source.host_root);
             if output == "-" {
+                // Printing a spec to read needs no driver here; say what a node would need.
+                if !missing.is_empty() {
+                    eprintln!(
+                        "tessera-cdi-generator: warning: {} mounted host path(s) do not exist on this machine; \
+                         a runtime would refuse containers with this spec: {}",
+                        missing.len(),
+                        missing.join(", ")
+                    );
+                }
                 print!("{text}");
             } else {
+                if !missing.is_empty() {
+                    return Err(spec::SpecError::MissingHostPaths(missing).into());
+                }
                 let outcome = writer::write_spec(output.as_ref(), writer::SPEC_FILE, &text)?;
                 eprintln!("{}/{}: {outcome:?}", output, writer::SPEC_FILE);
             }
@@ -239,6 +255,7 @@ async fn main() -> anyhow::Result<()> {
                 interval: Duration::from_secs(interval_secs.max(1)),
                 node_name,
                 bundle: enforcement.bundle(&source),
+                check_host_paths: Some(source.host_root.clone()),
             };
             daemon::run(source.source(), source.fixture.clone(), config).await
         }

@@ -26,6 +26,15 @@ pub enum SpecError {
     /// GPU container, so none is written.
     #[error("not writing a CDI spec: {0}")]
     Driver(String),
+    /// Files the spec mounts are not on the host: the runtime would refuse every container
+    /// that asks for a device (runc: "error mounting ...: no such file or directory").
+    #[error(
+        "not writing a CDI spec: {} mounted host path(s) do not exist: {}{}",
+        .0.len(),
+        .0.iter().take(5).cloned().collect::<Vec<_>>().join(", "),
+        if .0.len() > 5 { ", ..." } else { "" }
+    )]
+    MissingHostPaths(Vec<String>),
 }
 
 /// Options for building a spec.
@@ -243,6 +252,27 @@ pub fn build(inv: &NodeInventory, opts: &SpecOptions) -> CdiSpec {
         devices,
         container_edits: common_edits(inv, opts),
     }
+}
+
+/// The spec's mount sources that do not exist, read below `host_root` (where this process sees
+/// the host's `/`), in the spec's order. The driver bundle of `opts` is not read there: it was
+/// made by this process at its host path. Device nodes are not checked: runc creates a missing
+/// one from its major and minor numbers.
+pub fn missing_host_paths(spec: &CdiSpec, opts: &SpecOptions, host_root: &Path) -> Vec<String> {
+    let edits = std::iter::once(&spec.container_edits).chain(spec.devices.iter().map(|d| &d.container_edits));
+    let mut missing: Vec<String> = Vec::new();
+    for m in edits.flat_map(|e| e.mounts.iter()) {
+        let host = Path::new(&m.host_path);
+        if opts.driver_bundle.as_deref() == Some(host) {
+            continue;
+        }
+        let local = host_root.join(host.strip_prefix("/").unwrap_or(host));
+        // A dangling link is missing too.
+        if std::fs::metadata(&local).is_err() && !missing.contains(&m.host_path) {
+            missing.push(m.host_path.clone());
+        }
+    }
+    missing
 }
 
 /// Builds, versions and validates the spec; returns it and its JSON text.

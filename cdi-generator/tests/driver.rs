@@ -128,6 +128,7 @@ fn no_spec_without_libcuda_and_the_node_is_published_not_ready() {
         interval: std::time::Duration::from_secs(1),
         node_name: None,
         bundle: None,
+        check_host_paths: None,
     };
     let source = FixtureSource::new(&fixture);
     let mut g = Generator::default();

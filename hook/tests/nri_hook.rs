@@ -31,6 +31,7 @@ fn node(root: &Path) -> anyhow::Result<NodeInventory> {
     let inv = FixtureSource {
         fixture: "t4x2".into(),
         driver_root: Some(root.join("driver")),
+        discover_driver_under: None,
     }
     .discover()?;
     let b = common::built();

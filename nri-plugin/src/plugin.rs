@@ -478,6 +478,7 @@ mod tests {
         let inv = FixtureSource {
             fixture: "h100x8".into(),
             driver_root: None,
+            discover_driver_under: None,
         }
         .discover()
         .unwrap();

@@ -30,6 +30,7 @@ pub fn fake_node(fixture: &str, root: &Path) -> anyhow::Result<NodeInventory> {
     let inv = FixtureSource {
         fixture: fixture.into(),
         driver_root: Some(paths.driver_root),
+        discover_driver_under: None,
     }
     .discover()?;
     for f in &inv.driver_files {

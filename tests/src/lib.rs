@@ -4,7 +4,9 @@
 pub mod apiserver;
 pub mod containerd;
 pub mod fake_node;
+pub mod fetched;
 pub mod gpu_cluster;
 pub mod http;
 pub mod kubelet;
+pub mod nvidia;
 pub mod uds;

@@ -9,6 +9,13 @@
 //! 2. the directory NVML was loaded from, when the caller loaded it;
 //! 3. a search of the root's library directories.
 //!
+//! Every other `lib*.so.<driver version>` in libcuda's own directory is taken too, as NVIDIA's
+//! container toolkit does (a driver's libraries are installed together; a newer driver's new
+//! library needs no change here). Programs are looked up by name beside NVML, in the root's
+//! program directories and beside the libraries; GSP firmware under the root, beside the
+//! libraries, then where the kernel loads it from on the host; the driver's daemons' sockets
+//! under the root, then on the host.
+//!
 //! Links are followed inside the root (an absolute link in `/run/nvidia/driver` points inside
 //! it, not at the host's `/`), down to the versioned file. Every file records how it was found.
 
@@ -69,6 +76,24 @@ pub const BINARY_DIRS: &[&str] = &["usr/bin", "bin", "usr/local/bin", "usr/sbin"
 /// Firmware directories under a root (`<dir>/<driver version>/gsp_*.bin`).
 pub const FIRMWARE_DIRS: &[&str] = &["lib/firmware/nvidia", "usr/lib/firmware/nvidia", "firmware/nvidia"];
 
+/// Where the kernel loads firmware from on the host, in its own order (`<release>` is the
+/// running kernel's `uname -r`); `firmware_class.path`, when set, comes first.
+pub const KERNEL_FIRMWARE_DIRS: &[&str] = &[
+    "lib/firmware/updates/<release>",
+    "lib/firmware/updates",
+    "lib/firmware/<release>",
+    "lib/firmware",
+];
+
+/// The driver's daemons' sockets given to containers when present (under the root, else on the
+/// host): nvidia-persistenced, and NVIDIA Fabric Manager on NVSwitch systems.
+pub const SOCKETS: &[&str] = &[
+    "run/nvidia-persistenced/socket",
+    "var/run/nvidia-persistenced/socket",
+    "run/nvidia-fabricmanager/socket",
+    "var/run/nvidia-fabricmanager/socket",
+];
+
 /// One driver library Tessera gives GPU containers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LibrarySpec {
@@ -99,6 +124,10 @@ pub const LIBRARIES: &[LibrarySpec] = &[
     lib("libnvcuvid", false),
     lib("libnvidia-encode", false),
     lib("libnvidia-opticalflow", false),
+    // NVSwitch systems (HGX): NVML reads the switches through it.
+    lib("libnvidia-nscq", false),
+    // Tile IR compiler (580 on).
+    lib("libnvidia-tileiras", false),
 ];
 
 /// The driver's programs given to containers when present.
@@ -108,6 +137,10 @@ pub const BINARIES: &[&str] = &[
     "nvidia-persistenced",
     "nvidia-cuda-mps-control",
     "nvidia-cuda-mps-server",
+    // NVSwitch / multi-node NVLink systems.
+    "nv-fabricmanager",
+    "nvidia-imex",
+    "nvidia-imex-ctl",
 ];
 
 /// What a driver file is, which decides how it is exposed.
@@ -139,6 +172,11 @@ pub enum FoundBy {
     NvmlDir,
     /// A search of the root's standard directories.
     Search,
+    /// Another library of the driver's version in libcuda's directory.
+    LibcudaDir,
+    /// A host path outside the driver root: the kernel's firmware search path, a daemon's
+    /// socket.
+    Host,
 }
 
 impl fmt::Display for FoundBy {
@@ -148,6 +186,8 @@ impl fmt::Display for FoundBy {
             FoundBy::LdCache => "ld.so.cache",
             FoundBy::NvmlDir => "NVML's directory",
             FoundBy::Search => "directory search",
+            FoundBy::LibcudaDir => "beside libcuda",
+            FoundBy::Host => "host path",
         })
     }
 }
@@ -167,6 +207,10 @@ pub struct DriverFile {
     /// name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub soname: Option<String>,
+    /// `path` is a host path outside the driver root (firmware where the kernel loads it, a
+    /// daemon's socket on the host).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_host: bool,
 }
 
 impl DriverFile {
@@ -191,6 +235,15 @@ impl DriverFile {
         let (stem, _) = name.split_once(".so.")?;
         let major = if stem == "libnvidia-nvvm" { 4 } else { 1 };
         Some(format!("{stem}.so.{major}"))
+    }
+
+    /// Host path of the file when the driver is under `root`.
+    pub fn host_path(&self, root: &Path) -> PathBuf {
+        if self.on_host {
+            self.path.clone()
+        } else {
+            root.join(self.path.strip_prefix("/").unwrap_or(&self.path))
+        }
     }
 
     /// The library stem (`libcuda` for `libcuda.so.550.54.15`).
@@ -304,7 +357,7 @@ impl Driver {
 
     /// Host path of a file.
     pub fn host_path(&self, f: &DriverFile) -> PathBuf {
-        self.root.join(f.path.strip_prefix("/").unwrap_or(&f.path))
+        f.host_path(&self.root)
     }
 
     /// Whether GPU containers can run with these files; the error says what is missing.
@@ -393,6 +446,57 @@ impl Root {
             }
         }
         out.into_iter().collect()
+    }
+
+    /// Regular files in `dir` (under the root) named `lib*.so.<version>`, resolved.
+    fn versioned_in_dir(&self, dir: &Path, version: &str) -> Vec<PathBuf> {
+        let suffix = format!(".so.{version}");
+        let Some(real) = self.resolve_dir(dir) else {
+            return Vec::new();
+        };
+        let Ok(entries) = std::fs::read_dir(self.local.join(real.strip_prefix("/").unwrap_or(&real))) else {
+            return Vec::new();
+        };
+        let mut out: BTreeSet<PathBuf> = BTreeSet::new();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("lib")
+                && name.ends_with(&suffix)
+                && let Some(p) = self.resolve(&real.join(&name))
+            {
+                out.insert(p);
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// GSP firmware files (`gsp*.bin`) in `dir` under the root, resolved; empty when none.
+    fn firmware_in(&self, dir: &Path) -> Vec<PathBuf> {
+        let Some(real) = self.resolve_dir(dir) else {
+            return Vec::new();
+        };
+        let Ok(entries) = std::fs::read_dir(self.local.join(real.strip_prefix("/").unwrap_or(&real))) else {
+            return Vec::new();
+        };
+        let mut fw: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("gsp") && n.ends_with(".bin"))
+            .filter_map(|n| self.resolve(&real.join(n)))
+            .collect();
+        fw.sort();
+        fw
+    }
+
+    /// A socket at `path` under the root, resolved.
+    fn socket(&self, path: &Path) -> Option<PathBuf> {
+        use std::os::unix::fs::FileTypeExt as _;
+        let p = resolve::resolve_components(&self.local, path)?;
+        std::fs::metadata(self.local.join(p.strip_prefix("/").unwrap_or(&p)))
+            .ok()?
+            .file_type()
+            .is_socket()
+            .then_some(p)
     }
 
     /// A directory under the root with its links resolved.
@@ -523,6 +627,92 @@ pub fn discover(search: &DriverSearch) -> Driver {
     collect(search, root, choice, tried)
 }
 
+/// The kernel's firmware search path (`firmware_class.path`), as the host sets it.
+fn firmware_class_path(search: &DriverSearch) -> Option<PathBuf> {
+    const PARAM: &str = "sys/module/firmware_class/parameters/path";
+    [search.host_root.join(PARAM), Path::new("/").join(PARAM)]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| s.starts_with('/'))
+        .map(PathBuf::from)
+}
+
+/// GSP firmware of `version`: the first directory holding some, under the root, beside the
+/// libraries (`/usr/local/nvidia/firmware`), then where the kernel loads it on the host.
+fn firmware(
+    search: &DriverSearch,
+    root: &Root,
+    host: Option<&Root>,
+    lib_dirs: &[PathBuf],
+    version: &str,
+) -> Vec<DriverFile> {
+    let in_root = FIRMWARE_DIRS.iter().map(|d| Path::new("/").join(d)).chain(
+        lib_dirs
+            .iter()
+            .filter_map(|d| d.parent())
+            .map(|p| p.join("firmware/nvidia")),
+    );
+    for dir in in_root {
+        let fw = root.firmware_in(&dir.join(version));
+        if !fw.is_empty() {
+            return fw.into_iter().map(|path| firmware_file(path, false)).collect();
+        }
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let on_host = host.is_some();
+    let host = host.unwrap_or(root);
+    let kernel = firmware_class_path(search).into_iter().chain(
+        KERNEL_FIRMWARE_DIRS
+            .iter()
+            .filter(|d| !release.is_empty() || !d.contains("<release>"))
+            .map(|d| Path::new("/").join(d.replace("<release>", &release))),
+    );
+    for dir in kernel {
+        let fw = host.firmware_in(&dir.join("nvidia").join(version));
+        if !fw.is_empty() {
+            return fw.into_iter().map(|path| firmware_file(path, on_host)).collect();
+        }
+    }
+    Vec::new()
+}
+
+fn firmware_file(path: PathBuf, on_host: bool) -> DriverFile {
+    DriverFile {
+        path,
+        kind: DriverFileKind::Firmware,
+        found_by: if on_host { FoundBy::Host } else { FoundBy::Search },
+        soname: None,
+        on_host,
+    }
+}
+
+/// The daemons' sockets present under the root, else on the host.
+fn sockets(root: &Root, host: Option<&Root>) -> Vec<DriverFile> {
+    let mut out: Vec<DriverFile> = Vec::new();
+    for s in SOCKETS {
+        let path = Path::new("/").join(s);
+        let found = root
+            .socket(&path)
+            .map(|p| (p, false))
+            .or_else(|| host.and_then(|h| h.socket(&path)).map(|p| (p, true)));
+        if let Some((path, on_host)) = found
+            && !out.iter().any(|f| f.path == path)
+        {
+            out.push(DriverFile {
+                path,
+                kind: DriverFileKind::Socket,
+                found_by: if on_host { FoundBy::Host } else { FoundBy::Search },
+                soname: None,
+                on_host,
+            });
+        }
+    }
+    out
+}
+
 fn collect(search: &DriverSearch, root: &Root, choice: RootChoice, tried: Vec<PathBuf>) -> Driver {
     let mut version = search.version.clone();
     let mut version_source = version.as_ref().map(|_| VersionSource::Nvml);
@@ -553,6 +743,7 @@ fn collect(search: &DriverSearch, root: &Root, choice: RootChoice, tried: Vec<Pa
                     kind: DriverFileKind::Library,
                     found_by,
                     soname,
+                    on_host: false,
                 });
             }
             None => {
@@ -566,10 +757,32 @@ fn collect(search: &DriverSearch, root: &Root, choice: RootChoice, tried: Vec<Pa
             }
         }
     }
+    // Every other library of the driver's version beside libcuda, as NVIDIA's toolkit mounts.
+    let libcuda_dir = files
+        .iter()
+        .find(|f| f.stem().as_deref() == Some("libcuda"))
+        .and_then(|f| f.path.parent().map(Path::to_path_buf));
+    if let (Some(v), Some(dir)) = (&version, libcuda_dir) {
+        for path in root.versioned_in_dir(&dir, v) {
+            if files.iter().any(|f| f.path == path) {
+                continue;
+            }
+            let local = root.local.join(path.strip_prefix("/").unwrap_or(&path));
+            files.push(DriverFile {
+                soname: soname(&local),
+                path,
+                kind: DriverFileKind::Library,
+                found_by: FoundBy::LibcudaDir,
+                on_host: false,
+            });
+        }
+        missing.retain(|stem| !files.iter().any(|f| f.stem().as_deref() == Some(*stem)));
+    }
     let mut lib_dirs: Vec<PathBuf> = files
         .iter()
         .filter_map(|f| f.path.parent().map(Path::to_path_buf))
         .collect();
+    lib_dirs.sort();
     lib_dirs.dedup();
     for b in BINARIES {
         if let Some((path, found_by)) = root.binary(b, &lib_dirs) {
@@ -578,32 +791,15 @@ fn collect(search: &DriverSearch, root: &Root, choice: RootChoice, tried: Vec<Pa
                 kind: DriverFileKind::Binary,
                 found_by,
                 soname: None,
+                on_host: false,
             });
         }
     }
+    let host = (root.host != Path::new("/")).then(|| Root::new(search, Path::new("/")));
     if let Some(v) = &version {
-        for dir in FIRMWARE_DIRS {
-            let d = Path::new("/").join(dir).join(v);
-            let Some(real) = root.resolve_dir(&d) else { continue };
-            let Ok(entries) = std::fs::read_dir(root.local.join(real.strip_prefix("/").unwrap_or(&real))) else {
-                continue;
-            };
-            let mut fw: Vec<PathBuf> = entries
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with("gsp") && n.ends_with(".bin"))
-                .filter_map(|n| root.resolve(&real.join(n)))
-                .collect();
-            fw.sort();
-            files.extend(fw.into_iter().map(|path| DriverFile {
-                path,
-                kind: DriverFileKind::Firmware,
-                found_by: FoundBy::Search,
-                soname: None,
-            }));
-            break;
-        }
+        files.extend(firmware(search, root, host.as_ref(), &lib_dirs, v));
     }
+    files.extend(sockets(root, host.as_ref()));
     files.sort();
     files.dedup_by(|a, b| a.path == b.path);
     Driver {

@@ -253,6 +253,7 @@ fn loader_names_and_versions() {
         kind: DriverFileKind::Library,
         found_by: FoundBy::Search,
         soname: soname.map(str::to_string),
+        on_host: false,
     };
     assert_eq!(f("libcuda.so.1.2", None).loader_name().as_deref(), Some("libcuda.so.1"));
     assert_eq!(
@@ -266,4 +267,95 @@ fn loader_names_and_versions() {
     assert_eq!(version_of("libcuda.so.580.95.05"), Some("580.95.05"));
     assert_eq!(version_of("libcuda.so.1"), None);
     assert_eq!(version_of("libcuda.so.580.x"), None);
+}
+
+#[test]
+fn firmware_beside_the_libraries_then_where_the_kernel_loads_it() {
+    // GKE: /usr/local/nvidia/firmware, with the libraries in the host's ld cache.
+    let h = tempfile::tempdir().unwrap();
+    let r = h.path();
+    install_libs(r, "/usr/local/nvidia/lib64", V, COMPUTE);
+    ldconfig(r, "new", &["/usr/local/nvidia/lib64"]);
+    let fw = r.join(format!("usr/local/nvidia/firmware/nvidia/{V}"));
+    std::fs::create_dir_all(&fw).unwrap();
+    std::fs::write(fw.join("gsp_ga10x.bin"), b"fw").unwrap();
+    let d = discover(&search(r));
+    let got = by_name(&d);
+    assert_eq!(
+        got.get("gsp_ga10x.bin").map(|g| g.0.clone()),
+        Some(PathBuf::from(format!(
+            "/usr/local/nvidia/firmware/nvidia/{V}/gsp_ga10x.bin"
+        )))
+    );
+
+    // COS with firmware_class.path pointing at the host's firmware, outside the driver root.
+    let h = tempfile::tempdir().unwrap();
+    let r = h.path();
+    install_libs(r, "/home/kubernetes/bin/nvidia/lib64", V, COMPUTE);
+    let fw = r.join(format!("opt/fw/nvidia/{V}"));
+    std::fs::create_dir_all(&fw).unwrap();
+    std::fs::write(fw.join("gsp_tu10x.bin"), b"fw").unwrap();
+    std::fs::create_dir_all(r.join("sys/module/firmware_class/parameters")).unwrap();
+    std::fs::write(r.join("sys/module/firmware_class/parameters/path"), "/opt/fw\n").unwrap();
+    let d = discover(&search(r));
+    assert_eq!(d.root, Path::new("/home/kubernetes/bin/nvidia"));
+    let f = d
+        .files
+        .iter()
+        .find(|f| f.kind == DriverFileKind::Firmware)
+        .expect("firmware");
+    assert!(f.on_host && f.found_by == FoundBy::Host, "{f:?}");
+    assert_eq!(
+        d.host_path(f),
+        PathBuf::from(format!("/opt/fw/nvidia/{V}/gsp_tu10x.bin"))
+    );
+}
+
+#[test]
+fn every_library_of_the_version_beside_libcuda_and_the_daemons_sockets() {
+    let h = tempfile::tempdir().unwrap();
+    let r = h.path();
+    install_libs(r, "/run/nvidia/driver/usr/lib64", V, COMPUTE);
+    // A library Tessera does not name, and one of another version: only the first is taken.
+    super::testing::fake_lib(
+        &r.join(format!("run/nvidia/driver/usr/lib64/libnvidia-future.so.{V}")),
+        "libnvidia-future.so.1",
+    );
+    super::testing::fake_lib(
+        &r.join("run/nvidia/driver/usr/lib64/libnvidia-old.so.1.2.3"),
+        "libnvidia-old.so.1",
+    );
+    // persistenced's socket in the driver container, fabric manager's on the host.
+    let bind = |p: PathBuf| {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::os::unix::net::UnixListener::bind(&p).unwrap()
+    };
+    let _a = bind(r.join("run/nvidia/driver/run/nvidia-persistenced/socket"));
+    let _b = bind(r.join("run/nvidia-fabricmanager/socket"));
+    let d = discover(&search(r));
+    assert_eq!(d.root, Path::new("/run/nvidia/driver"));
+    let got = by_name(&d);
+    let future = &got[&format!("libnvidia-future.so.{V}")];
+    assert_eq!(
+        (future.1, future.2.as_deref()),
+        (FoundBy::LibcudaDir, Some("libnvidia-future.so.1"))
+    );
+    assert!(!got.keys().any(|n| n.contains("libnvidia-old")), "{got:?}");
+    let mut sockets: Vec<(PathBuf, bool)> = d
+        .files
+        .iter()
+        .filter(|f| f.kind == DriverFileKind::Socket)
+        .map(|f| (d.host_path(f), f.on_host))
+        .collect();
+    sockets.sort_by_key(|s| s.1);
+    assert_eq!(
+        sockets,
+        [
+            (
+                PathBuf::from("/run/nvidia/driver/run/nvidia-persistenced/socket"),
+                false
+            ),
+            (PathBuf::from("/run/nvidia-fabricmanager/socket"), true),
+        ]
+    );
 }

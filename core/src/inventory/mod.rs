@@ -177,8 +177,7 @@ pub struct NodeInventory {
 impl NodeInventory {
     /// Host path of a driver file.
     pub fn host_path(&self, file: &DriverFile) -> PathBuf {
-        let rel = file.path.strip_prefix("/").unwrap_or(&file.path);
-        self.driver_root.join(rel)
+        file.host_path(&self.driver_root)
     }
 
     /// Whether GPU containers can run with this inventory's driver files: the source's own

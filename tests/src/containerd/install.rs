@@ -2,10 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
-
-use anyhow::{Context, bail};
 
 /// Which containerd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -45,40 +42,12 @@ impl Runtimes {
     }
 
     fn fetch() -> anyhow::Result<Runtimes> {
-        // A cache carried to another machine (no network there): read its ready file.
-        if let Some(cache) = std::env::var_os("TESSERA_RUNTIME_CACHE").map(PathBuf::from)
-            && let Ok(text) = std::fs::read_to_string(cache.join("ready-v3"))
-        {
-            return Self::parse(
-                &text.replace('@', &cache.display().to_string()),
-                &cache.join("ready-v3"),
-            );
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("runtimes/fetch.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .output()
-            .with_context(|| format!("running {}", script.display()))?;
-        if !out.status.success() {
-            bail!("{} failed:\n{}", script.display(), String::from_utf8_lossy(&out.stderr));
-        }
-        Self::parse(&String::from_utf8_lossy(&out.stdout), &script)
-    }
-
-    fn parse(text: &str, source: &Path) -> anyhow::Result<Runtimes> {
-        let script = source;
-        let mut entries = HashMap::new();
-        for line in text.lines() {
-            let mut parts = line.splitn(3, ' ');
-            if let (Some(name), Some(version), Some(path)) = (parts.next(), parts.next(), parts.next()) {
-                entries.insert(name.to_string(), (version.to_string(), PathBuf::from(path)));
-            }
-        }
-        for key in ["containerd-1.7", "containerd-2", "runc", "image"] {
-            if !entries.contains_key(key) {
-                bail!("{} did not report {key}", script.display());
-            }
-        }
+        let entries = crate::fetched::fetch(
+            "runtimes/fetch.sh",
+            "TESSERA_RUNTIME_CACHE",
+            "ready-v3",
+            &["containerd-1.7", "containerd-2", "runc", "image"],
+        )?;
         Ok(Runtimes { entries })
     }
 
