@@ -5,6 +5,7 @@
 //! mode).
 
 pub mod control;
+pub mod leftover;
 pub mod namespace;
 pub mod status;
 pub mod supervisor;

@@ -33,6 +33,9 @@ enum Command {
     ExecDaemon {
         #[arg(long)]
         shm: PathBuf,
+        /// The supervisor's pid: the daemon is killed when it dies.
+        #[arg(long)]
+        parent: Option<i32>,
         #[arg(last = true, required = true)]
         argv: Vec<OsString>,
     },
@@ -134,7 +137,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         // Before any thread exists: a mount namespace can only be entered single-threaded.
-        Command::ExecDaemon { shm, argv } => Err(tessera_mps::namespace::exec_with_shm(&shm, &argv)),
+        Command::ExecDaemon { shm, parent, argv } => Err(tessera_mps::namespace::exec_with_shm(&shm, parent, &argv)),
         Command::Status { mps_root } => {
             let (text, ready) = tessera_mps::status::report(&MpsLayout::new(mps_root), std::time::SystemTime::now());
             print!("{text}");

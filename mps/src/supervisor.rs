@@ -1,13 +1,16 @@
 //! One MPS control daemon per card that can host shares, each watched by its own task: started
-//! (in its own mount namespace, see [`crate::namespace`]), checked every few seconds through a
-//! control command, restarted with exponential backoff when it dies or stops answering, and
-//! stopped with `quit` on shutdown. Every change is logged and written to the card's
+//! (in its own mount namespace, killed by the kernel if the supervisor dies, see
+//! [`crate::namespace`]), checked every few seconds through a control command, restarted with
+//! exponential backoff when it dies or stops answering, and stopped with `quit` on shutdown. A
+//! daemon left on the card's pipe directory by an earlier supervisor is stopped first
+//! ([`crate::leftover`]). The daemon's own output becomes log lines naming its card, without
+//! the chatter of each health check. Every change is logged and written to the card's
 //! `state.json` ([`MpsLayout`]), which the NRI plugin reads before it admits a share.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use tessera_core::enforcement::{DaemonPhase, MpsLayout, MpsState, unix_secs};
@@ -15,7 +18,7 @@ use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::control::MpsBinaries;
 
@@ -167,11 +170,33 @@ fn prepare_dirs(layout: &MpsLayout, uuid: &str) -> std::io::Result<()> {
     Ok(())
 }
 
-fn spawn(config: &SupervisorConfig, uuid: &str) -> std::io::Result<Child> {
+/// The last thing a daemon said that was not health-check chatter (why it would not start).
+type LastWords = Arc<Mutex<Option<String>>>;
+
+/// The control daemon logs five lines per connection (`-f`): the health check's are noise.
+/// Returns whether `line` is one, tracking the answer line that follows a check.
+fn chatter(line: &str, answer_next: &mut bool) -> bool {
+    if std::mem::take(answer_next) {
+        return true;
+    }
+    let text = line.rsplit_once("] ").map_or(line, |(_, t)| t).trim();
+    if text == format!("Cmd:{HEALTH_QUERY}") {
+        *answer_next = true;
+        return true;
+    }
+    matches!(text, "Accepting connection..." | "NEW UI" | "UI closed")
+}
+
+/// The command the health check sends.
+const HEALTH_QUERY: &str = "get_default_active_thread_percentage";
+
+fn spawn(config: &SupervisorConfig, uuid: &str, last: &LastWords) -> std::io::Result<Child> {
     let mut child = Command::new(&config.exec_self)
         .arg("exec-daemon")
         .arg("--shm")
         .arg(config.layout.shm_dir(uuid))
+        .arg("--parent")
+        .arg(std::process::id().to_string())
         .arg("--")
         .arg(&config.binaries.control)
         .arg("-f")
@@ -196,10 +221,17 @@ fn spawn(config: &SupervisorConfig, uuid: &str) -> std::io::Result<Child> {
     .flatten()
     {
         let uuid = uuid.to_string();
+        let last = last.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stream).lines();
+            let mut answer_next = false;
             while let Ok(Some(line)) = lines.next_line().await {
-                info!(uuid, "mps-control: {line}");
+                if chatter(&line, &mut answer_next) {
+                    debug!(uuid, "mps-control: {line}");
+                } else {
+                    info!(uuid, "mps-control: {line}");
+                    *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(line);
+                }
             }
         });
     }
@@ -227,12 +259,17 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
             checked_at: unix_secs(now),
             reason: None,
         };
-        let ended = match prepare_dirs(&config.layout, &uuid).and_then(|()| spawn(&config, &uuid)) {
+        let last: LastWords = Arc::default();
+        let prepared = prepare_dirs(&config.layout, &uuid);
+        if prepared.is_ok() {
+            stop_leftover(&config, &uuid).await;
+        }
+        let ended = match prepared.and_then(|()| spawn(&config, &uuid, &last)) {
             Ok(child) => {
                 state.pid = child.id();
                 write(&config, &uuid, &state);
                 info!(uuid, pid = state.pid, restarts, "MPS daemon started");
-                run(&config, &uuid, child, &mut state, &mut stop).await
+                run(&config, &uuid, child, &mut state, &mut stop, &last).await
             }
             Err(e) => Ended::Failed {
                 reason: format!("cannot start: {e}"),
@@ -274,6 +311,73 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
     }
 }
 
+/// Stops a daemon an earlier supervisor left on the card's pipe directory: `quit`, then
+/// SIGTERM, then SIGKILL. A lock held by anything but an MPS program is left alone (the start
+/// then fails, saying so, and is retried).
+async fn stop_leftover(config: &SupervisorConfig, uuid: &str) {
+    use nix::sys::signal::{Signal, kill};
+    let Some(holder) = crate::leftover::lock_holder(&config.layout.pipe_dir(uuid)) else {
+        return;
+    };
+    if !holder.is_mps() {
+        warn!(
+            uuid,
+            pid = holder.pid,
+            comm = holder.comm,
+            "a process that is no MPS daemon holds the card's MPS pipe directory: not stopping it"
+        );
+        return;
+    }
+    warn!(
+        uuid,
+        pid = holder.pid,
+        "an MPS daemon left by an earlier supervisor holds the card's pipe directory: stopping it"
+    );
+    let holder = &holder;
+    let gone = |wait: Duration| async move {
+        let deadline = Instant::now() + wait;
+        while holder.alive() {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        true
+    };
+    // A hung daemon never answers: the client is given a short time.
+    let quit = config
+        .binaries
+        .command(&config.layout, uuid, "quit", Duration::from_secs(2))
+        .await;
+    if quit.is_ok() && gone(config.stop_timeout).await {
+        info!(uuid, pid = holder.pid, "leftover MPS daemon quit");
+        return;
+    }
+    let pid = nix::unistd::Pid::from_raw(holder.pid);
+    let _ = kill(pid, Signal::SIGTERM);
+    if gone(Duration::from_secs(2)).await {
+        info!(uuid, pid = holder.pid, "leftover MPS daemon stopped (SIGTERM)");
+        return;
+    }
+    let _ = kill(pid, Signal::SIGKILL);
+    if gone(Duration::from_secs(2)).await {
+        info!(uuid, pid = holder.pid, "leftover MPS daemon killed");
+    } else {
+        error!(uuid, pid = holder.pid, "leftover MPS daemon survived SIGKILL");
+    }
+}
+
+/// Why the daemon ended, with the last thing it said.
+fn with_last_words(reason: String, last: &LastWords) -> String {
+    match last.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        Some(words) => format!(
+            "{reason}: {}",
+            words.rsplit_once("] ").map_or(words.as_str(), |(_, t)| t).trim()
+        ),
+        None => reason,
+    }
+}
+
 /// Runs one started daemon until it fails or the supervisor stops.
 async fn run(
     config: &SupervisorConfig,
@@ -281,8 +385,9 @@ async fn run(
     mut child: Child,
     state: &mut MpsState,
     stop: &mut watch::Receiver<bool>,
+    last: &LastWords,
 ) -> Ended {
-    let query = "get_default_active_thread_percentage";
+    let query = HEALTH_QUERY;
     // Starting: until the daemon answers.
     let deadline = Instant::now() + config.start_timeout;
     let mut last_err = String::from("no answer yet");
@@ -296,10 +401,15 @@ async fn run(
         }
         tokio::select! {
             _ = stop.changed() => return stop_daemon(config, uuid, child, state).await,
-            status = child.wait() => return Ended::Failed {
-                reason: format!("exited while starting ({})", describe(status)),
-                ready_for: Duration::ZERO,
-            },
+            status = child.wait() => {
+                let reason = format!("exited while starting ({})", describe(status));
+                // Its output may still be on the way.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return Ended::Failed {
+                    reason: with_last_words(reason, last),
+                    ready_for: Duration::ZERO,
+                };
+            }
             _ = tokio::time::sleep(Duration::from_millis(200)) => {
                 match config.binaries.command(&config.layout, uuid, query, config.command_timeout).await {
                     Ok(_) => break,
@@ -346,17 +456,16 @@ async fn run(
 }
 
 async fn stop_daemon(config: &SupervisorConfig, uuid: &str, mut child: Child, state: &mut MpsState) -> Ended {
-    if let Err(e) = config
+    // The real client exits 1 after a `quit` that follows a server failure although the daemon
+    // quits: what counts is whether the daemon exits.
+    let quit = config
         .binaries
         .command(&config.layout, uuid, "quit", config.command_timeout)
-        .await
-    {
-        warn!(uuid, error = e, "quit was not taken");
-    }
+        .await;
     match tokio::time::timeout(config.stop_timeout, child.wait()).await {
         Ok(status) => info!(uuid, status = describe(status), "MPS daemon stopped"),
         Err(_) => {
-            warn!(uuid, "MPS daemon did not quit in time: killing it");
+            warn!(uuid, quit = ?quit.err(), "MPS daemon did not quit in time: killing it");
             let _ = child.kill().await;
         }
     }

@@ -1,10 +1,9 @@
 //! Enforced shares end to end on real containerd (1.7 and 2.x), with the real supervisor
-//! running a fake MPS daemon per card: a share container is connected to its card's daemon
+//! running NVIDIA's real MPS control daemon per card (535, no GPU needed): a share container is connected to its card's daemon
 //! (pipe directory, the card's shm as /dev/shm, the limits from its allocation), a whole card
 //! is not, and once the daemon is down a share is refused at creation, saying why.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +18,7 @@ use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
 use tessera_nri_plugin::session::{self, Identity};
 use tessera_tests::containerd::{ContainerSpec, Containerd, Pod, Version};
 use tessera_tests::fake_node::fake_node;
+use tessera_tests::nvidia::{Branch, Userspace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tessera-mps-supervisor");
 const NODE: &str = "node-mps";
@@ -27,11 +27,11 @@ struct Supervisor(Child);
 
 impl Supervisor {
     fn start(layout: &MpsLayout) -> Self {
-        let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-mps-control");
+        let control = Userspace::get().unwrap().mps_control(Branch::R535);
         Self(
             Command::new(BIN)
                 .args(["run", "--fixture", "h100x8", "--check-secs", "1", "--control-binary"])
-                .arg(fake)
+                .arg(control)
                 .arg("--mps-root")
                 .arg(&layout.root)
                 .stdout(Stdio::null())
@@ -137,6 +137,8 @@ async fn mps(version: Version) -> anyhow::Result<()> {
         anyhow::ensure!(Instant::now() < deadline, "the MPS daemon of GPU 0 never got ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A mark in the card's shm directory: what the share container sees as /dev/shm.
+    std::fs::write(layout.shm_dir(&gpu.uuid).join("tessera-mark"), &gpu.uuid)?;
 
     // A share: connected to its card's daemon, limited by its allocation.
     let share = AllocatedDevice::share(&gpu, 30, 8192);
@@ -144,7 +146,7 @@ async fn mps(version: Version) -> anyhow::Result<()> {
     let cid = c
         .create_container(
             &pd,
-            share_spec("env; echo shm=$(cat /dev/shm/tessera-fake-mps); ls \"$CUDA_MPS_PIPE_DIRECTORY\""),
+            share_spec("env; echo shm=$(cat /dev/shm/tessera-mark); ls \"$CUDA_MPS_PIPE_DIRECTORY\""),
         )
         .await?;
     let s = c.oci_spec(&cid).await?;
@@ -167,10 +169,9 @@ async fn mps(version: Version) -> anyhow::Result<()> {
         Some(&mem.as_str()),
         "{out}"
     );
-    // /dev/shm is the card's MPS shm (the daemon wrote its card there), and the pipe
-    // directory is the daemon's.
+    // /dev/shm is the card's MPS shm, and the pipe directory is the real daemon's.
     assert_eq!(env.get("shm"), Some(&gpu.uuid.as_str()), "{out}");
-    assert!(out.lines().any(|l| l == "daemon.pid"), "{out}");
+    assert!(out.lines().any(|l| l == "control"), "{out}");
 
     // A whole card on the same node: no MPS.
     let pd = pod(&mut c, &keys, "whole", AllocatedDevice::whole(&inv.gpus[1])).await?;
@@ -179,7 +180,7 @@ async fn mps(version: Version) -> anyhow::Result<()> {
             &pd,
             ContainerSpec::new(
                 "main",
-                &["sh", "-c", "env; test ! -e /dev/shm/tessera-fake-mps && echo own-shm"],
+                &["sh", "-c", "env; test ! -e /dev/shm/tessera-mark && echo own-shm"],
             )
             .annotation("tessera.io/allocated.gpu-core", "100"),
         )
