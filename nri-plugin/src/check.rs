@@ -83,7 +83,7 @@ fn finding(level: Level, what: &'static str, detail: impl Into<String>) -> Findi
 pub fn run(opts: &CheckOptions) -> Vec<Finding> {
     let mut out = vec![check_socket(&opts.socket)];
     out.extend(check_runtime_config(opts));
-    out.push(check_cdi(&opts.cdi_dirs));
+    out.push(check_cdi(&opts.cdi_dirs, &opts.host_root));
     out.push(check_driver(opts));
     out.push(check_enforcement(opts));
     out.push(check_keys(&opts.keys_dir));
@@ -336,10 +336,35 @@ fn check_runtime_config(opts: &CheckOptions) -> Vec<Finding> {
     out
 }
 
-fn check_cdi(dirs: &[PathBuf]) -> Finding {
+fn check_cdi(dirs: &[PathBuf], host_root: &Path) -> Finding {
     let what = "CDI spec";
     let all = format!("{CDI_KIND}=all");
-    match CdiResolver::new(dirs.to_vec()).resolve(std::slice::from_ref(&all)) {
+    let resolved = CdiResolver::new(dirs.to_vec()).resolve(std::slice::from_ref(&all));
+    // The runtime refuses every container whose mount source is missing.
+    let missing: Vec<&str> = resolved.as_ref().map_or(Vec::new(), |e| {
+        e.mounts
+            .iter()
+            .map(|m| m.source.as_str())
+            .filter(|s| {
+                let p = Path::new(s);
+                std::fs::metadata(host_root.join(p.strip_prefix("/").unwrap_or(p))).is_err()
+            })
+            .collect()
+    });
+    if !missing.is_empty() {
+        return finding(
+            Level::Fail,
+            what,
+            format!(
+                "{all} mounts {} host path(s) that do not exist, so the runtime would refuse GPU containers: {}{}; \
+                 see `tessera-cdi-generator driver` on this node",
+                missing.len(),
+                missing.iter().take(5).copied().collect::<Vec<_>>().join(", "),
+                if missing.len() > 5 { ", ..." } else { "" }
+            ),
+        );
+    }
+    match resolved {
         Ok(e) if !e.mounts.iter().any(|m| m.destination.ends_with("/libcuda.so.1")) => finding(
             Level::Fail,
             what,

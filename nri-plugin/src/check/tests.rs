@@ -145,6 +145,35 @@ fn a_node_without_libcuda_is_not_ready() {
     assert_eq!(get(&f, "CDI spec").level, Level::Fail);
 }
 
+/// A spec naming driver files the node does not have (a fixture's list, a driver removed
+/// since): runc would refuse every GPU container ("error mounting ... no such file").
+#[test]
+fn a_spec_whose_mounted_files_do_not_exist_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path();
+    let cdi = host.join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    let lib = "/usr/local/nvidia/lib64/libcuda.so.550.54.15";
+    let spec = serde_json::json!({
+        "cdiVersion": "0.5.0", "kind": CDI_KIND,
+        "devices": [{"name": "all", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]}}],
+        "containerEdits": {"mounts": [{"hostPath": lib, "containerPath": "/usr/local/nvidia/lib64/libcuda.so.1", "options": ["ro", "bind"]}]}
+    });
+    std::fs::write(cdi.join("tessera.io-gpu.json"), spec.to_string()).unwrap();
+    let finding = || super::check_cdi(std::slice::from_ref(&cdi), host);
+    let f = finding();
+    assert_eq!(f.level, Level::Fail, "{f}");
+    assert!(
+        f.detail.contains("1 host path(s) that do not exist") && f.detail.contains(lib),
+        "{f}"
+    );
+    let local = host.join(lib.trim_start_matches('/'));
+    std::fs::create_dir_all(local.parent().unwrap()).unwrap();
+    std::fs::write(&local, b"x").unwrap();
+    let f = finding();
+    assert_eq!(f.level, Level::Ok, "{f}");
+}
+
 #[test]
 fn mps_nodes_need_a_ready_daemon_per_shared_card() {
     use tessera_core::enforcement::{DaemonPhase, MpsState, unix_secs};

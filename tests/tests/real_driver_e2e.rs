@@ -1,0 +1,131 @@
+//! CDI specs made from NVIDIA's real driver files (Debian's 535 and 550, `tests/nvidia/fetch.sh`;
+//! no GPU) on real containerd 1.7 and 2.x: the runtime accepts the spec and creates the
+//! container, and a program in it loads the real `libcuda.so.1` by its soname, as every CUDA
+//! program does, and calls it: `cuDriverGetVersion` answers the branch's CUDA version, `cuInit`
+//! returns 100 (no device). Both ways of mounting the driver: one bundle, and file by file.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tessera_cdi_generator::spec::{self, SpecOptions};
+use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
+use tessera_core::enforcement::ShareEnforcement;
+use tessera_core::inventory::{FixtureSource, InventorySource, create_device_nodes};
+use tessera_tests::containerd::{ContainerSpec, Containerd, Version};
+use tessera_tests::nvidia::{Branch, Layout, Userspace};
+
+const IMAGE: &str = "docker.io/tessera/libcuda-probe:test";
+
+/// An image holding Debian's glibc and the probe, built with this machine's compiler.
+fn probe_image(work: &Path) -> anyhow::Result<PathBuf> {
+    let u = Userspace::get()?;
+    let rootfs = work.join("rootfs");
+    std::fs::create_dir_all(&rootfs)?;
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", u.libc6().display()))
+        .arg(&rootfs)
+        .status()?;
+    anyhow::ensure!(st.success(), "copying libc6");
+    std::fs::create_dir_all(rootfs.join("tmp"))?;
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("nvidia/libcuda-probe.c");
+    let st = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(rootfs.join("probe"))
+        .arg(&src)
+        .status()?;
+    anyhow::ensure!(st.success(), "cc {}", src.display());
+    let tar = work.join("probe.tar");
+    let st = Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("runtimes/oci-image.sh"))
+        .arg(&rootfs)
+        .arg(IMAGE)
+        .arg(&tar)
+        .status()?;
+    anyhow::ensure!(st.success(), "oci-image.sh failed");
+    Ok(tar)
+}
+
+async fn real_driver_on(version: Version) -> anyhow::Result<()> {
+    let u = Userspace::get()?;
+    let mut c = Containerd::start(version).await?;
+    let work = tempfile::tempdir()?;
+    c.import_image(&probe_image(work.path())?)?;
+    let pod = c.run_pod("libcuda", &[]).await?;
+    // (branch, layout, bundle): each branch, both mount styles, layouts with and without an
+    // ld cache.
+    let cases = [
+        (Branch::R535, Layout::Distro, true),
+        (Branch::R535, Layout::Cos, false),
+        (Branch::R550, Layout::Gke, false),
+        (Branch::R550, Layout::Operator, true),
+    ];
+    for (i, (b, layout, bundle)) in cases.into_iter().enumerate() {
+        let what = format!("{b:?} {layout:?} bundle={bundle}");
+        let host = u.root(b, layout);
+        // The driver root as a path on this machine: the spec names real host paths.
+        let driver_root = host.join(layout.driver_root().trim_start_matches('/'));
+        let inv = FixtureSource {
+            fixture: "t4x2".into(),
+            driver_root: Some(driver_root),
+            discover_driver_under: Some("/".into()),
+        }
+        .discover()?;
+        inv.driver_check().map_err(anyhow::Error::msg)?;
+        assert_eq!(inv.driver_version, u.version(b), "{what}");
+        let dev_root = work.path().join(format!("dev-{i}"));
+        create_device_nodes(&inv, &dev_root)?;
+        let mut opts = SpecOptions {
+            dev_root,
+            enforcement: ShareEnforcement::None,
+            ..Default::default()
+        };
+        if bundle {
+            opts.driver_bundle = Some(tessera_cdi_generator::bundle::prepare(
+                &inv,
+                Path::new("/"),
+                &work.path().join("bundles"),
+            )?);
+        }
+        let (spec, text) = spec::render(&inv, &opts)?;
+        let missing = spec::missing_host_paths(&spec, &opts, Path::new("/"));
+        assert!(missing.is_empty(), "{what}: {missing:?}");
+        write_spec(&c.cdi_dir(), SPEC_FILE, &text)?;
+        let id = c
+            .create_container(
+                &pod,
+                ContainerSpec::new(&format!("probe-{i}"), &["/probe"])
+                    .image(IMAGE)
+                    .cdi("tessera.io/gpu=0"),
+            )
+            .await?;
+        let (code, out) = c.run_to_exit(&id).await?;
+        println!("{what}: {}", out.trim());
+        assert_eq!(code, 0, "{what}: {out}");
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("cuDriverGetVersion="))
+            .unwrap_or_default();
+        assert!(
+            line.starts_with(&format!(
+                "cuDriverGetVersion={} rc=0 cuInit=100 libcuda=",
+                b.cuda_driver_version()
+            )),
+            "{what}: {out}"
+        );
+        // Loaded from where the spec put the driver, by its soname.
+        assert!(line.ends_with("/usr/local/nvidia/lib64/libcuda.so.1"), "{what}: {out}");
+    }
+    c.remove_pod(&pod).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn real_libcuda_in_a_container_on_containerd_1_7() -> anyhow::Result<()> {
+    real_driver_on(Version::V1_7).await
+}
+
+#[tokio::test]
+async fn real_libcuda_in_a_container_on_containerd_2() -> anyhow::Result<()> {
+    real_driver_on(Version::V2).await
+}
