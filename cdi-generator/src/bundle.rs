@@ -65,11 +65,12 @@ fn key(inv: &NodeInventory, host_root: &Path) -> String {
     format!("{}-{hex}", inv.driver_version)
 }
 
-/// The files a bundle holds: libraries and programs (firmware keeps its own path).
+/// The files a bundle holds: libraries and programs (firmware keeps its own path), but none of
+/// the host-only programs.
 fn bundled(inv: &NodeInventory) -> impl Iterator<Item = &tessera_core::driver::DriverFile> {
     inv.driver_files
         .iter()
-        .filter(|f| matches!(f.kind, DriverFileKind::Library | DriverFileKind::Binary))
+        .filter(|f| matches!(f.kind, DriverFileKind::Library | DriverFileKind::Binary) && f.for_containers())
 }
 
 fn link_or_copy(from: &Path, to: &Path) -> std::io::Result<()> {

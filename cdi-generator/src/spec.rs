@@ -109,7 +109,7 @@ fn common_edits(inv: &NodeInventory, opts: &SpecOptions) -> CdiEdits {
             .mounts
             .push(ro_bind(bundle.display().to_string(), DRIVER_DIR.into()));
     }
-    for f in &inv.driver_files {
+    for f in inv.driver_files.iter().filter(|f| f.for_containers()) {
         let host = inv.host_path(f).display().to_string();
         let name = f.name();
         if opts.driver_bundle.is_some() && matches!(f.kind, DriverFileKind::Library | DriverFileKind::Binary) {

@@ -158,6 +158,46 @@ impl MpsLayout {
         self.card_dir(uuid).join("state.json")
     }
 
+    /// The cards with a directory here (UUIDs).
+    pub fn cards(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The ceiling the card's daemon should hold its clients to (written by the NRI plugin,
+    /// applied by the supervisor).
+    pub fn ceiling_file(&self, uuid: &str) -> PathBuf {
+        self.card_dir(uuid).join("ceiling.json")
+    }
+
+    /// Reads a card's wanted ceiling; `None` when none is written (no share placed yet).
+    pub fn read_ceiling(&self, uuid: &str) -> Result<Option<MpsCeiling>, String> {
+        let path = self.ceiling_file(uuid);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|e| format!("{}: {e}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        }
+    }
+
+    /// Writes a card's wanted ceiling atomically.
+    pub fn write_ceiling(&self, uuid: &str, ceiling: &MpsCeiling) -> std::io::Result<()> {
+        let path = self.ceiling_file(uuid);
+        std::fs::create_dir_all(self.card_dir(uuid))?;
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(ceiling).expect("ceiling serializes"))?;
+        std::fs::rename(tmp, path)
+    }
+
     /// Reads a card's daemon state.
     pub fn read_state(&self, uuid: &str) -> Result<MpsState, String> {
         let path = self.state_file(uuid);
@@ -359,6 +399,40 @@ pub struct ShareLimits {
     pub memory_mib: u64,
 }
 
+/// The most a card's MPS daemon lets any of its clients have: the largest compute limit and the
+/// largest memory of the shares placed on the card. Set on the daemon (for the servers it will
+/// start and those running), it bounds a client that drops its own `CUDA_MPS_*` variables, which
+/// NVIDIA's MPS lets only *lower* the daemon's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MpsCeiling {
+    /// Active thread percentage, 1..=100.
+    pub active_thread_percentage: u32,
+    /// Pinned device memory per client, MiB (at least 1: MPS reads 0 as "no limit").
+    pub pinned_memory_mib: u64,
+}
+
+impl MpsCeiling {
+    /// What a card with no share gets: the least MPS accepts (no client should connect).
+    pub const CLOSED: MpsCeiling = MpsCeiling {
+        active_thread_percentage: 1,
+        pinned_memory_mib: 1,
+    };
+
+    /// The ceiling that lets each of `shares` have its limits, and no more; [`Self::CLOSED`]
+    /// when there are none.
+    pub fn of<'a>(shares: impl IntoIterator<Item = &'a ShareLimits>) -> Self {
+        shares.into_iter().fold(Self::CLOSED, |c, s| MpsCeiling {
+            active_thread_percentage: c.active_thread_percentage.max(s.core_limit.clamp(1, 100)),
+            pinned_memory_mib: c.pinned_memory_mib.max(s.memory_mib.max(1)),
+        })
+    }
+
+    /// Whether a share with `limits` gets all of them under this ceiling.
+    pub fn covers(&self, limits: &ShareLimits) -> bool {
+        self.active_thread_percentage >= limits.core_limit.min(100) && self.pinned_memory_mib >= limits.memory_mib
+    }
+}
+
 /// Where a card's daemon is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -400,6 +474,9 @@ pub struct MpsState {
     /// Why it is not ready, when it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The ceiling the daemon was last seen holding (set and read back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceiling: Option<MpsCeiling>,
 }
 
 /// Unix seconds of `t`.
@@ -410,6 +487,26 @@ pub fn unix_secs(t: SystemTime) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ceiling_is_the_largest_share_and_closed_without_one() {
+        let share = |core_limit, memory_mib| ShareLimits {
+            uuid: "GPU-1".into(),
+            core_limit,
+            memory_mib,
+        };
+        assert_eq!(MpsCeiling::of([]), MpsCeiling::CLOSED);
+        let (a, b) = (share(30, 8192), share(50, 4096));
+        let c = MpsCeiling::of([&a, &b]);
+        assert_eq!((c.active_thread_percentage, c.pinned_memory_mib), (50, 8192));
+        assert!(c.covers(&a) && c.covers(&b));
+        assert!(!MpsCeiling::of([&a]).covers(&b));
+        let d = tempfile::tempdir().unwrap();
+        let l = MpsLayout::new(d.path());
+        assert_eq!(l.read_ceiling("GPU-1"), Ok(None));
+        l.write_ceiling("GPU-1", &c).unwrap();
+        assert_eq!(l.read_ceiling("GPU-1"), Ok(Some(c)));
+    }
 
     #[test]
     fn readiness_needs_a_fresh_ready_state() {
@@ -430,6 +527,7 @@ mod tests {
             started_at: unix_secs(now),
             checked_at: unix_secs(now),
             reason: None,
+            ceiling: None,
         };
         l.write_state(uuid, &s).unwrap();
         l.ready(uuid, now).unwrap();

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use tessera_core::enforcement::MpsLayout;
+use tessera_core::enforcement::{MpsCeiling, MpsLayout};
 use tokio::io::AsyncWriteExt as _;
 use tokio::process::Command;
 
@@ -121,5 +121,111 @@ impl MpsBinaries {
             };
             Err(format!("{cmd:?} failed ({}): {}", out.status, err.trim()))
         }
+    }
+}
+
+/// Reads a memory size as the control daemon prints it (`8G`, `1536M`, `512K`) in MiB.
+fn parse_mib(answer: &str) -> Option<u64> {
+    let a = answer.trim();
+    let (num, unit) = a.split_at(a.find(|c: char| !c.is_ascii_digit() && c != '.')?);
+    let n: f64 = num.parse().ok()?;
+    let mib = match unit {
+        "K" => n / 1024.0,
+        "M" => n,
+        "G" => n * 1024.0,
+        "T" => n * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    Some(mib.round() as u64)
+}
+
+impl MpsBinaries {
+    /// The daemon's defaults for the servers it starts, as it answers them (device 0: the
+    /// daemon sees only its card). `None` memory when no limit is set.
+    pub async fn defaults(
+        &self,
+        layout: &MpsLayout,
+        uuid: &str,
+        timeout: Duration,
+    ) -> Result<(f64, Option<u64>), String> {
+        let pct = self
+            .command(layout, uuid, "get_default_active_thread_percentage", timeout)
+            .await?;
+        let pct: f64 = pct
+            .trim()
+            .parse()
+            .map_err(|_| format!("unexpected active thread percentage {pct:?}"))?;
+        let mem = self
+            .command(layout, uuid, "get_default_device_pinned_mem_limit 0", timeout)
+            .await?;
+        Ok((pct, parse_mib(&mem)))
+    }
+
+    /// Sets the ceiling on the daemon (its defaults for new servers, and every running server)
+    /// and reads the defaults back; an error when the daemon does not hold them after.
+    pub async fn apply_ceiling(
+        &self,
+        layout: &MpsLayout,
+        uuid: &str,
+        ceiling: &MpsCeiling,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let pct = ceiling.active_thread_percentage.clamp(1, 100);
+        let mib = ceiling.pinned_memory_mib.max(1);
+        self.command(
+            layout,
+            uuid,
+            &format!("set_default_active_thread_percentage {pct}"),
+            timeout,
+        )
+        .await?;
+        self.command(
+            layout,
+            uuid,
+            &format!("set_default_device_pinned_mem_limit 0 {mib}M"),
+            timeout,
+        )
+        .await?;
+        // Servers already running keep the limits they started with unless told.
+        let servers = self.command(layout, uuid, "get_server_list", timeout).await?;
+        for pid in servers
+            .split_whitespace()
+            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+        {
+            self.command(
+                layout,
+                uuid,
+                &format!("set_active_thread_percentage {pid} {pct}"),
+                timeout,
+            )
+            .await?;
+            self.command(
+                layout,
+                uuid,
+                &format!("set_device_pinned_mem_limit {pid} 0 {mib}M"),
+                timeout,
+            )
+            .await?;
+        }
+        match self.defaults(layout, uuid, timeout).await? {
+            (p, Some(m)) if (p - f64::from(pct)).abs() < 0.05 && m == mib => Ok(()),
+            (p, m) => Err(format!(
+                "the daemon holds {p}% and {} after being set to {pct}% and {mib} MiB",
+                m.map_or("no memory limit".to_string(), |m| format!("{m} MiB"))
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn memory_as_the_daemon_prints_it() {
+        use super::parse_mib;
+        assert_eq!(parse_mib("8G"), Some(8192));
+        assert_eq!(parse_mib("1536M"), Some(1536));
+        assert_eq!(parse_mib("1024K"), Some(1));
+        assert_eq!(parse_mib("No default pinned memory limit set for the device!"), None);
+        assert_eq!(parse_mib(""), None);
     }
 }

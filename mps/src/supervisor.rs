@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use tessera_core::enforcement::{DaemonPhase, MpsLayout, MpsState, unix_secs};
+use tessera_core::enforcement::{DaemonPhase, MpsCeiling, MpsLayout, MpsState, unix_secs};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
@@ -173,18 +173,20 @@ fn prepare_dirs(layout: &MpsLayout, uuid: &str) -> std::io::Result<()> {
 /// The last thing a daemon said that was not health-check chatter (why it would not start).
 type LastWords = Arc<Mutex<Option<String>>>;
 
-/// The control daemon logs five lines per connection (`-f`): the health check's are noise.
-/// Returns whether `line` is one, tracking the answer line that follows a check.
-fn chatter(line: &str, answer_next: &mut bool) -> bool {
-    if std::mem::take(answer_next) {
-        return true;
-    }
+/// The control daemon logs five lines per connection (`-f`); those of queries (`Cmd:get_*`,
+/// the health check's and the ceiling's read-back) are noise. Returns whether `line` is such,
+/// tracking whether a query's connection is open (its answer lines, until `UI closed`).
+fn chatter(line: &str, in_query: &mut bool) -> bool {
     let text = line.rsplit_once("] ").map_or(line, |(_, t)| t).trim();
-    if text == format!("Cmd:{HEALTH_QUERY}") {
-        *answer_next = true;
+    if text.starts_with("Cmd:get_") {
+        *in_query = true;
         return true;
     }
-    matches!(text, "Accepting connection..." | "NEW UI" | "UI closed")
+    if text == "UI closed" {
+        *in_query = false;
+        return true;
+    }
+    *in_query || matches!(text, "Accepting connection..." | "NEW UI")
 }
 
 /// The command the health check sends.
@@ -224,9 +226,9 @@ fn spawn(config: &SupervisorConfig, uuid: &str, last: &LastWords) -> std::io::Re
         let last = last.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stream).lines();
-            let mut answer_next = false;
+            let mut in_query = false;
             while let Ok(Some(line)) = lines.next_line().await {
-                if chatter(&line, &mut answer_next) {
+                if chatter(&line, &mut in_query) {
                     debug!(uuid, "mps-control: {line}");
                 } else {
                     info!(uuid, "mps-control: {line}");
@@ -258,6 +260,7 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
             started_at: unix_secs(now),
             checked_at: unix_secs(now),
             reason: None,
+            ceiling: None,
         };
         let last: LastWords = Arc::default();
         let prepared = prepare_dirs(&config.layout, &uuid);
@@ -418,12 +421,22 @@ async fn run(
             }
         }
     }
+    // The ceiling first: a client of a card's shares never meets a daemon without one.
+    state.ceiling = None;
+    sync_ceiling(config, uuid, state).await;
     let ready_since = Instant::now();
     state.phase = DaemonPhase::Ready;
     state.checked_at = unix_secs(SystemTime::now());
     write(config, uuid, state);
-    info!(uuid, pid = state.pid, "MPS daemon ready");
+    info!(uuid, pid = state.pid, ceiling = ?state.ceiling, "MPS daemon ready");
     let mut missed = 0;
+    // Intervals, not sleeps in the select: a sleep made anew each turn would never end while
+    // the other branch keeps firing.
+    let mut ceiling_tick = tokio::time::interval(CEILING_EVERY);
+    let mut check_tick = tokio::time::interval_at(tokio::time::Instant::now() + config.check_every, config.check_every);
+    for t in [&mut ceiling_tick, &mut check_tick] {
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    }
     loop {
         tokio::select! {
             _ = stop.changed() => return stop_daemon(config, uuid, child, state).await,
@@ -431,11 +444,21 @@ async fn run(
                 reason: format!("exited ({})", describe(status)),
                 ready_for: ready_since.elapsed(),
             },
-            _ = tokio::time::sleep(config.check_every) => {
-                match config.binaries.command(&config.layout, uuid, query, config.command_timeout).await {
-                    Ok(_) => {
+            _ = ceiling_tick.tick() => sync_ceiling(config, uuid, state).await,
+            _ = check_tick.tick() => {
+                match config.binaries.defaults(&config.layout, uuid, config.command_timeout).await {
+                    Ok(held) => {
                         missed = 0;
                         state.checked_at = unix_secs(SystemTime::now());
+                        // A client may have changed the defaults through the control socket:
+                        // what the daemon holds is checked against what was set.
+                        if let Some(c) = state.ceiling
+                            && !holds(&c, held)
+                        {
+                            warn!(uuid, held = ?held, ceiling = ?c, "the MPS daemon's limits were changed by a client: setting them again");
+                            state.ceiling = None;
+                            sync_ceiling(config, uuid, state).await;
+                        }
                         write(config, uuid, state);
                     }
                     Err(e) => {
@@ -453,6 +476,49 @@ async fn run(
             }
         }
     }
+}
+
+/// How often each card's wanted ceiling is looked at (a share waits for it at creation).
+const CEILING_EVERY: Duration = Duration::from_millis(200);
+
+/// Whether the daemon's answers are the ceiling.
+fn holds(c: &MpsCeiling, (pct, mib): (f64, Option<u64>)) -> bool {
+    (pct - f64::from(c.active_thread_percentage)).abs() < 0.05 && mib == Some(c.pinned_memory_mib)
+}
+
+/// Sets the card's wanted ceiling ([`MpsLayout::read_ceiling`], closed when none is written)
+/// on its daemon when it differs from what was set, and records it in the state.
+async fn sync_ceiling(config: &SupervisorConfig, uuid: &str, state: &mut MpsState) {
+    let wanted = match config.layout.read_ceiling(uuid) {
+        Ok(c) => c.unwrap_or(MpsCeiling::CLOSED),
+        Err(e) => {
+            warn!(uuid, error = e, "unreadable MPS ceiling: closing the card to clients");
+            MpsCeiling::CLOSED
+        }
+    };
+    if state.ceiling == Some(wanted) {
+        return;
+    }
+    match config
+        .binaries
+        .apply_ceiling(&config.layout, uuid, &wanted, config.command_timeout)
+        .await
+    {
+        Ok(()) => {
+            info!(
+                uuid,
+                percentage = wanted.active_thread_percentage,
+                memory_mib = wanted.pinned_memory_mib,
+                "MPS ceiling set"
+            );
+            state.ceiling = Some(wanted);
+        }
+        Err(e) => {
+            warn!(uuid, error = e, "cannot set the MPS ceiling");
+            state.ceiling = None;
+        }
+    }
+    write(config, uuid, state);
 }
 
 async fn stop_daemon(config: &SupervisorConfig, uuid: &str, mut child: Child, state: &mut MpsState) -> Ended {

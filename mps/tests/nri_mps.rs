@@ -23,6 +23,21 @@ use tessera_tests::nvidia::{Branch, Userspace};
 const BIN: &str = env!("CARGO_BIN_EXE_tessera-mps-supervisor");
 const NODE: &str = "node-mps";
 
+/// What the card's real daemon answers to `cmd` (asked as root, on the host).
+fn ask(layout: &MpsLayout, uuid: &str, cmd: &str) -> String {
+    use std::io::Write as _;
+    let mut child = Command::new(Userspace::get().unwrap().mps_control(Branch::R535))
+        .env("CUDA_MPS_PIPE_DIRECTORY", layout.pipe_dir(uuid))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "{cmd}").unwrap();
+    String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout)
+        .trim()
+        .to_string()
+}
+
 struct Supervisor(Child);
 
 impl Supervisor {
@@ -88,10 +103,15 @@ async fn pod(c: &mut Containerd, keys: &SigningKeys, name: &str, device: Allocat
 }
 
 fn share_spec(cmd: &str) -> ContainerSpec {
+    share_spec_of(cmd, 30, 8192)
+}
+
+/// A share container as the device plugin's Allocate annotates it.
+fn share_spec_of(cmd: &str, core: u32, mib: u64) -> ContainerSpec {
     ContainerSpec::new("main", &["sh", "-c", cmd])
-        .annotation("tessera.io/allocated.gpu-core", "30")
-        .annotation("tessera.io/allocated.gpu-memory", "8")
-        .annotation("tessera.io/allocated.gpu-memory-mib", "8192")
+        .annotation("tessera.io/allocated.gpu-core", &core.to_string())
+        .annotation("tessera.io/allocated.gpu-memory", &(mib / 1024).to_string())
+        .annotation("tessera.io/allocated.gpu-memory-mib", &mib.to_string())
 }
 
 async fn mps(version: Version) -> anyhow::Result<()> {
@@ -172,6 +192,40 @@ async fn mps(version: Version) -> anyhow::Result<()> {
     // /dev/shm is the card's MPS shm, and the pipe directory is the real daemon's.
     assert_eq!(env.get("shm"), Some(&gpu.uuid.as_str()), "{out}");
     assert!(out.lines().any(|l| l == "control"), "{out}");
+
+    // The card's daemon holds the share's limits itself (a client that drops its variables
+    // gets no more), set before the container was created.
+    let defaults = || {
+        (
+            ask(&layout, &gpu.uuid, "get_default_active_thread_percentage"),
+            ask(&layout, &gpu.uuid, "get_default_device_pinned_mem_limit 0"),
+        )
+    };
+    // The container above has exited: nothing on the card any more, the daemon is closed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while defaults() != ("1.0".into(), "1M".into()) {
+        anyhow::ensure!(Instant::now() < deadline, "the ceiling stayed at {:?}", defaults());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A share that keeps running: its limits, set before its creation returned.
+    let keep = pod(&mut c, &keys, "keep", share.clone()).await?;
+    let keep_id = c.create_container(&keep, share_spec("sleep 3600")).await?;
+    assert_eq!(defaults(), ("30.0".into(), "8G".into()));
+    // A larger share on the same card: the ceiling is the largest of them, in each dimension.
+    let big = pod(&mut c, &keys, "big", AllocatedDevice::share(&gpu, 50, 4096)).await?;
+    let big_id = c.create_container(&big, share_spec_of("true", 50, 4096)).await?;
+    assert_eq!(defaults(), ("50.0".into(), "8G".into()));
+    // It goes: the ceiling comes back down to the share that remains.
+    let _ = c.run_to_exit(&big_id).await?;
+    c.remove_pod(&big).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while defaults().0 != "30.0" {
+        anyhow::ensure!(Instant::now() < deadline, "the ceiling stayed at {:?}", defaults());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    c.remove_pod(&keep).await?;
+    let _ = keep_id;
 
     // A whole card on the same node: no MPS.
     let pd = pod(&mut c, &keys, "whole", AllocatedDevice::whole(&inv.gpus[1])).await?;

@@ -381,3 +381,82 @@ fn a_start_refused_by_a_foreign_lock_is_retried_with_backoff_and_mig_cards_get_n
         assert!(s.state(&g.uuid).is_none(), "MIG card {} got a daemon", g.uuid);
     }
 }
+
+/// What the real daemon answers to `cmd`, as the user `uid` (root when `None`).
+fn ask(layout: &MpsLayout, uuid: &str, cmd: &str, uid: Option<u32>) -> String {
+    use std::io::Write as _;
+    use std::os::unix::process::CommandExt as _;
+    let mut c = Command::new(control(Branch::R535));
+    c.env("CUDA_MPS_PIPE_DIRECTORY", layout.pipe_dir(uuid))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    if let Some(uid) = uid {
+        c.uid(uid).gid(uid);
+    }
+    let mut child = c.spawn().unwrap();
+    writeln!(child.stdin.take().unwrap(), "{cmd}").unwrap();
+    String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout)
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn the_daemon_holds_the_cards_ceiling_and_a_client_cannot_lift_it() {
+    use tessera_core::enforcement::MpsCeiling;
+    let dir = tempfile::tempdir().unwrap();
+    let cards = uuids("t4x2");
+    let s = Running::start(dir.path(), "t4x2", Branch::R535);
+    s.wait("ready", Duration::from_secs(20), |s| cards.iter().all(|u| s.ready(u)));
+    // No share placed: the daemon is closed to clients (the least MPS takes), not 100%.
+    let defaults = |u: &str| {
+        (
+            ask(&s.layout, u, "get_default_active_thread_percentage", None),
+            ask(&s.layout, u, "get_default_device_pinned_mem_limit 0", None),
+        )
+    };
+    assert_eq!(defaults(&cards[0]), ("1.0".into(), "1M".into()));
+    assert_eq!(s.state(&cards[0]).unwrap().ceiling, Some(MpsCeiling::CLOSED));
+    // Shares placed (the NRI plugin writes this): the daemon takes the ceiling at once.
+    let c = MpsCeiling {
+        active_thread_percentage: 30,
+        pinned_memory_mib: 8192,
+    };
+    s.layout.write_ceiling(&cards[0], &c).unwrap();
+    s.wait("the ceiling held", Duration::from_secs(2), |s| {
+        s.state(&cards[0]).unwrap().ceiling == Some(c)
+    });
+    assert_eq!(defaults(&cards[0]), ("30.0".into(), "8G".into()));
+    assert_eq!(
+        defaults(&cards[1]),
+        ("1.0".into(), "1M".into()),
+        "the other card is untouched"
+    );
+    // A tenant (any uid reaches the control socket) lifts the default: the next check puts it
+    // back.
+    assert_eq!(
+        ask(
+            &s.layout,
+            &cards[0],
+            "set_default_active_thread_percentage 100",
+            Some(65534)
+        ),
+        "100.0"
+    );
+    ask(
+        &s.layout,
+        &cards[0],
+        "set_default_device_pinned_mem_limit 0 0",
+        Some(65534),
+    );
+    s.wait("the ceiling restored", Duration::from_secs(5), |_| {
+        defaults(&cards[0]) == ("30.0".into(), "8G".into())
+    });
+    assert!(s.log().contains("changed by a client"), "{}", s.log());
+    // A restarted daemon gets the ceiling before it is ready.
+    let pid = s.pid(&cards[0]);
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    s.wait("restarted", Duration::from_secs(20), |s| {
+        s.ready(&cards[0]) && s.state(&cards[0]).and_then(|st| st.pid) != Some(pid as u32)
+    });
+    assert_eq!(defaults(&cards[0]), ("30.0".into(), "8G".into()));
+}

@@ -8,8 +8,8 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use tessera_core::enforcement::{
-    HOOK_CARD_LOCK_IN_CONTAINER, HOOK_CONFIG_IN_CONTAINER, HOOK_STATE_IN_CONTAINER, HookLayout, MpsLayout,
-    ShareEnforcement,
+    HOOK_CARD_LOCK_IN_CONTAINER, HOOK_CONFIG_IN_CONTAINER, HOOK_STATE_IN_CONTAINER, HookLayout, MpsCeiling, MpsLayout,
+    ShareEnforcement, ShareLimits,
 };
 use tessera_core::handoff::{HandoffError, SigningKeys};
 use tessera_core::injection::{self, ANNOTATION_INJECTED, Injection, NodeContext};
@@ -76,6 +76,8 @@ pub struct Tracked {
     /// Stopped (exited or killed) but not removed yet: it holds no GPU any more (an init
     /// container that finished, a completed Job's container).
     pub stopped: bool,
+    /// An MPS share: its limits, which its card's daemon ceiling must cover.
+    pub mps_share: Option<ShareLimits>,
 }
 
 /// The plugin's state, shared by all sessions (it survives reconnects).
@@ -233,8 +235,17 @@ impl TesseraPlugin {
                         container: container.name.clone(),
                         devices: grant.devices.clone(),
                         stopped: false,
+                        mps_share: grant
+                            .share
+                            .clone()
+                            .filter(|_| grant.enforced_by == Some(ShareEnforcement::Mps)),
                     },
                 );
+                if grant.enforced_by == Some(ShareEnforcement::Mps)
+                    && let Some(limits) = &grant.share
+                {
+                    self.set_ceiling(&limits.uuid);
+                }
                 let mut adj = adjust::grant(&grant, &edits, &container.env);
                 if grant.enforced_by == Some(ShareEnforcement::Hook)
                     && let Some(limits) = &grant.share
@@ -259,21 +270,96 @@ impl TesseraPlugin {
         }
     }
 
-    /// Marks a container stopped: the node's metrics no longer count it.
+    /// Marks a container stopped: the node's metrics no longer count it, and its card's MPS
+    /// ceiling no longer covers it.
     pub fn stopped(&self, id: &str) {
-        if let Some(t) = self.injected.lock().expect("not poisoned").get_mut(id) {
+        let share = self.injected.lock().expect("not poisoned").get_mut(id).and_then(|t| {
             t.stopped = true;
+            t.mps_share.clone()
+        });
+        if let Some(s) = share {
+            self.set_ceiling(&s.uuid);
         }
     }
 
     fn forget(&self, container: Option<&api::Container>) {
         if let Some(c) = container {
-            self.injected.lock().expect("not poisoned").remove(&c.id);
+            let gone = self.injected.lock().expect("not poisoned").remove(&c.id);
+            if let Some(s) = gone.and_then(|t| t.mps_share) {
+                self.set_ceiling(&s.uuid);
+            }
             if self.config.enforcement == ShareEnforcement::Hook {
                 let _ = std::fs::remove_dir_all(self.config.hook.container_dir(&c.id));
             }
         }
     }
+
+    /// The ceiling card `uuid`'s MPS daemon should hold: the largest of its live shares.
+    pub fn ceiling(&self, uuid: &str) -> MpsCeiling {
+        let tracked = self.injected.lock().expect("not poisoned");
+        MpsCeiling::of(
+            tracked
+                .values()
+                .filter(|t| !t.stopped)
+                .filter_map(|t| t.mps_share.as_ref())
+                .filter(|s| s.uuid == uuid),
+        )
+    }
+
+    /// Writes card `uuid`'s ceiling for the supervisor to set on its daemon.
+    fn set_ceiling(&self, uuid: &str) {
+        let c = self.ceiling(uuid);
+        if self.config.mps.read_ceiling(uuid).ok().flatten() == Some(c) {
+            return;
+        }
+        match self.config.mps.write_ceiling(uuid, &c) {
+            Ok(()) => info!(
+                uuid,
+                percentage = c.active_thread_percentage,
+                memory_mib = c.pinned_memory_mib,
+                "MPS ceiling wanted"
+            ),
+            Err(e) => warn!(uuid, error = %e, "cannot write the MPS ceiling"),
+        }
+    }
+
+    /// Waits until card `uuid`'s daemon holds a ceiling that covers `limits` (the supervisor sets
+    /// it within a fraction of a second); the error says why the share cannot be held.
+    pub async fn ceiling_held(&self, limits: &ShareLimits, within: std::time::Duration) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let held = self.config.mps.read_state(&limits.uuid).ok().and_then(|s| s.ceiling);
+            if held.is_some_and(|c| c.covers(limits)) {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!(
+                    "its share of {} cannot be enforced: the card's MPS daemon did not take the share's limits \
+                     ({}%, {} MiB) within {}s (it holds {held:?}; see tessera-mps-supervisor's log)",
+                    limits.uuid,
+                    limits.core_limit,
+                    limits.memory_mib,
+                    within.as_secs()
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+    }
+}
+
+/// How long a share's creation waits for its card's MPS daemon to take its limits.
+const CEILING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An MPS share's limits, from the environment Tessera gave the container.
+fn mps_share_of(c: &api::Container) -> Option<ShareLimits> {
+    let var = |k: &str| c.env.iter().find_map(|e| e.strip_prefix(k)?.strip_prefix('='));
+    let core_limit = var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")?.parse().ok()?;
+    let (uuid, mem) = var("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")?.split_once('=')?;
+    Some(ShareLimits {
+        uuid: uuid.to_string(),
+        core_limit,
+        memory_mib: mem.strip_suffix('M')?.parse().ok()?,
+    })
 }
 
 /// What a running container was given, from its annotations or, as runtimes report them in
@@ -341,6 +427,7 @@ impl Plugin for TesseraPlugin {
                         container: c.name.clone(),
                         devices,
                         stopped: c.state.value() == api::ContainerState::CONTAINER_STOPPED as i32,
+                        mps_share: mps_share_of(c),
                     },
                 ))
             })
@@ -352,6 +439,12 @@ impl Plugin for TesseraPlugin {
             self.config.hook.forget_except(&live);
         }
         *self.injected.lock().expect("not poisoned") = rebuilt;
+        if self.config.enforcement == ShareEnforcement::Mps {
+            // Shares that ended while disconnected: every card's ceiling from the live ones.
+            for uuid in self.config.mps.cards() {
+                self.set_ceiling(&uuid);
+            }
+        }
         self.syncs.send_modify(|n| *n += 1);
         Ok(resp)
     }
@@ -367,7 +460,29 @@ impl Plugin for TesseraPlugin {
         req: api::CreateContainerRequest,
     ) -> ttrpc::Result<api::CreateContainerResponse> {
         let (pod, container) = (req.pod.unwrap_or_default(), req.container.unwrap_or_default());
-        match self.adjust(&pod, &container) {
+        let adjusted = match self.adjust(&pod, &container) {
+            Ok(adj) => {
+                // An MPS share starts only once its card's daemon holds a ceiling that covers it.
+                let share = self
+                    .injected
+                    .lock()
+                    .expect("not poisoned")
+                    .get(&container.id)
+                    .and_then(|t| t.mps_share.clone());
+                match share {
+                    Some(limits) => match self.ceiling_held(&limits, CEILING_WAIT).await {
+                        Ok(()) => Ok(adj),
+                        Err(e) => {
+                            self.forget(Some(&container));
+                            Err(format!("container {:?}: {e}", container.name))
+                        }
+                    },
+                    None => Ok(adj),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        match adjusted {
             Ok(adj) => {
                 let mut resp = api::CreateContainerResponse::new();
                 resp.adjust = Some(adj).into();

@@ -42,6 +42,7 @@ fn tracked(pod: &str, devices: Vec<AllocatedDevice>) -> Tracked {
         container: "main".into(),
         devices,
         stopped: false,
+        mps_share: None,
     }
 }
 

@@ -2,7 +2,8 @@
 //! no GPU) on real containerd 1.7 and 2.x: the runtime accepts the spec and creates the
 //! container, and a program in it loads the real `libcuda.so.1` by its soname, as every CUDA
 //! program does, and calls it: `cuDriverGetVersion` answers the branch's CUDA version, `cuInit`
-//! returns 100 (no device). Both ways of mounting the driver: one bundle, and file by file.
+//! returns 100 (no device). Both ways of mounting the driver: one bundle, and file by file; the
+//! MPS control client and server never reach the container.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -99,6 +100,32 @@ async fn real_driver_on(version: Version) -> anyhow::Result<()> {
                     .cdi("tessera.io/gpu=0"),
             )
             .await?;
+        // The MPS control client and server stay on the host: with them a tenant could command
+        // its card's daemon.
+        let oci = c.oci_spec(&id).await?;
+        let mounted: Vec<String> = oci
+            .mounts()
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .map(|m| m.destination().display().to_string())
+            .collect();
+        assert!(
+            mounted
+                .iter()
+                .any(|m| m.ends_with("nvidia-smi") || m == "/usr/local/nvidia"),
+            "{what}: {mounted:?}"
+        );
+        assert!(
+            !mounted.iter().any(|m| m.contains("nvidia-cuda-mps")),
+            "{what}: {mounted:?}"
+        );
+        if let Some(b) = &opts.driver_bundle {
+            assert!(
+                b.join("bin/nvidia-smi").is_file() && !b.join("bin/nvidia-cuda-mps-control").exists(),
+                "{what}"
+            );
+        }
         let (code, out) = c.run_to_exit(&id).await?;
         println!("{what}: {}", out.trim());
         assert_eq!(code, 0, "{what}: {out}");

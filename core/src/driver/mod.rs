@@ -143,6 +143,11 @@ pub const BINARIES: &[&str] = &[
     "nvidia-imex-ctl",
 ];
 
+/// Programs found for the node's own agents and never given to containers: the MPS control
+/// client would let a tenant send commands to its card's daemon (change the limits every share
+/// on the card gets, stop servers), and only the daemon starts the server.
+pub const HOST_ONLY_BINARIES: &[&str] = &["nvidia-cuda-mps-control", "nvidia-cuda-mps-server"];
+
 /// What a driver file is, which decides how it is exposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -235,6 +240,11 @@ impl DriverFile {
         let (stem, _) = name.split_once(".so.")?;
         let major = if stem == "libnvidia-nvvm" { 4 } else { 1 };
         Some(format!("{stem}.so.{major}"))
+    }
+
+    /// Whether GPU containers get it (all but [`HOST_ONLY_BINARIES`]).
+    pub fn for_containers(&self) -> bool {
+        !(self.kind == DriverFileKind::Binary && HOST_ONLY_BINARIES.contains(&self.name().as_str()))
     }
 
     /// Host path of the file when the driver is under `root`.

@@ -219,6 +219,7 @@ fn mps_nodes_need_a_ready_daemon_per_shared_card() {
             started_at: now,
             checked_at: now,
             reason: None,
+            ceiling: None,
         };
         layout.write_state(&g.uuid, &state).unwrap();
     }
