@@ -124,30 +124,21 @@ impl MpsBinaries {
     }
 }
 
-/// Reads a memory size as the control daemon prints it (`8G`, `1536M`, `512K`) in MiB.
-fn parse_mib(answer: &str) -> Option<u64> {
-    let a = answer.trim();
-    let (num, unit) = a.split_at(a.find(|c: char| !c.is_ascii_digit() && c != '.')?);
-    let n: f64 = num.parse().ok()?;
-    let mib = match unit {
-        "K" => n / 1024.0,
-        "M" => n,
-        "G" => n * 1024.0,
-        "T" => n * 1024.0 * 1024.0,
-        _ => return None,
-    };
-    Some(mib.round() as u64)
+/// A memory limit as the control daemon prints it back: whole GiB, rounded down, from 1 GiB
+/// on (`1536M` reads back `1G`), else MiB. Read-backs are compared at that resolution.
+pub fn shown(mib: u64) -> String {
+    if mib >= 1024 {
+        format!("{}G", mib / 1024)
+    } else {
+        format!("{mib}M")
+    }
 }
 
 impl MpsBinaries {
     /// The daemon's defaults for the servers it starts, as it answers them (device 0: the
-    /// daemon sees only its card). `None` memory when no limit is set.
-    pub async fn defaults(
-        &self,
-        layout: &MpsLayout,
-        uuid: &str,
-        timeout: Duration,
-    ) -> Result<(f64, Option<u64>), String> {
+    /// daemon sees only its card): the percentage, and the memory limit as printed (empty when
+    /// none is set).
+    pub async fn defaults(&self, layout: &MpsLayout, uuid: &str, timeout: Duration) -> Result<(f64, String), String> {
         let pct = self
             .command(layout, uuid, "get_default_active_thread_percentage", timeout)
             .await?;
@@ -158,7 +149,7 @@ impl MpsBinaries {
         let mem = self
             .command(layout, uuid, "get_default_device_pinned_mem_limit 0", timeout)
             .await?;
-        Ok((pct, parse_mib(&mem)))
+        Ok((pct, mem))
     }
 
     /// Sets the ceiling on the daemon (its defaults for new servers, and every running server)
@@ -208,10 +199,9 @@ impl MpsBinaries {
             .await?;
         }
         match self.defaults(layout, uuid, timeout).await? {
-            (p, Some(m)) if (p - f64::from(pct)).abs() < 0.05 && m == mib => Ok(()),
+            (p, m) if (p - f64::from(pct)).abs() < 0.05 && m == shown(mib) => Ok(()),
             (p, m) => Err(format!(
-                "the daemon holds {p}% and {} after being set to {pct}% and {mib} MiB",
-                m.map_or("no memory limit".to_string(), |m| format!("{m} MiB"))
+                "the daemon holds {p}% and {m:?} after being set to {pct}% and {mib} MiB"
             )),
         }
     }
@@ -221,11 +211,11 @@ impl MpsBinaries {
 mod tests {
     #[test]
     fn memory_as_the_daemon_prints_it() {
-        use super::parse_mib;
-        assert_eq!(parse_mib("8G"), Some(8192));
-        assert_eq!(parse_mib("1536M"), Some(1536));
-        assert_eq!(parse_mib("1024K"), Some(1));
-        assert_eq!(parse_mib("No default pinned memory limit set for the device!"), None);
-        assert_eq!(parse_mib(""), None);
+        // Read off the real 535 daemon: 1536M -> 1G, 1025M -> 1G, 8192M -> 8G, 1M -> 1M.
+        use super::shown;
+        assert_eq!(
+            [shown(1536), shown(1025), shown(8192), shown(1)],
+            ["1G", "1G", "8G", "1M"]
+        );
     }
 }

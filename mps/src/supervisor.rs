@@ -453,7 +453,7 @@ async fn run(
                         // A client may have changed the defaults through the control socket:
                         // what the daemon holds is checked against what was set.
                         if let Some(c) = state.ceiling
-                            && !holds(&c, held)
+                            && !holds(&c, &held)
                         {
                             warn!(uuid, held = ?held, ceiling = ?c, "the MPS daemon's limits were changed by a client: setting them again");
                             state.ceiling = None;
@@ -481,9 +481,9 @@ async fn run(
 /// How often each card's wanted ceiling is looked at (a share waits for it at creation).
 const CEILING_EVERY: Duration = Duration::from_millis(200);
 
-/// Whether the daemon's answers are the ceiling.
-fn holds(c: &MpsCeiling, (pct, mib): (f64, Option<u64>)) -> bool {
-    (pct - f64::from(c.active_thread_percentage)).abs() < 0.05 && mib == Some(c.pinned_memory_mib)
+/// Whether the daemon's answers are the ceiling (memory at the resolution it prints).
+fn holds(c: &MpsCeiling, (pct, mem): &(f64, String)) -> bool {
+    (pct - f64::from(c.active_thread_percentage)).abs() < 0.05 && *mem == crate::control::shown(c.pinned_memory_mib)
 }
 
 /// Sets the card's wanted ceiling ([`MpsLayout::read_ceiling`], closed when none is written)

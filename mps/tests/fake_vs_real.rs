@@ -102,9 +102,20 @@ fn observe(control: &Path) -> Observed {
         ("set_default_active_thread_percentage 10", Some(65534)),
         ("get_default_active_thread_percentage", Some(65534)),
         ("quit", Some(65534)),
+        ("get_default_device_pinned_mem_limit 0", None),
+        ("set_default_device_pinned_mem_limit 0 1536M", None),
+        ("get_default_device_pinned_mem_limit 0 (1536M)", None),
+        ("set_default_device_pinned_mem_limit 0 8G", None),
+        ("get_default_device_pinned_mem_limit 0 (8G)", None),
+        ("set_default_device_pinned_mem_limit 0 0", None),
+        ("get_default_device_pinned_mem_limit 0 (cleared)", None),
+        ("set_active_thread_percentage 4242 20", None),
+        ("set_device_pinned_mem_limit 4242 0 2G", None),
     ] {
+        // Repeated queries are told apart by a note in brackets, not sent.
+        let sent = cmd.split(" (").next().unwrap();
         let key = format!("{cmd}{}", uid.map(|u| format!(" (uid {u})")).unwrap_or_default());
-        answers.insert(key, client(control, &pipe, cmd, uid));
+        answers.insert(key, client(control, &pipe, sent, uid));
     }
     let pipe_dir = std::fs::read_dir(&pipe)
         .unwrap()

@@ -459,4 +459,14 @@ fn the_daemon_holds_the_cards_ceiling_and_a_client_cannot_lift_it() {
         s.ready(&cards[0]) && s.state(&cards[0]).and_then(|st| st.pid) != Some(pid as u32)
     });
     assert_eq!(defaults(&cards[0]), ("30.0".into(), "8G".into()));
+    // Memory that is no whole GiB: the daemon prints it rounded down, and is still held.
+    let odd = MpsCeiling {
+        active_thread_percentage: 40,
+        pinned_memory_mib: 1536,
+    };
+    s.layout.write_ceiling(&cards[0], &odd).unwrap();
+    s.wait("an odd ceiling held", Duration::from_secs(2), |s| {
+        s.state(&cards[0]).unwrap().ceiling == Some(odd)
+    });
+    assert_eq!(defaults(&cards[0]), ("40.0".into(), "1G".into()));
 }
