@@ -21,7 +21,7 @@ use crate::enforcement::ShareEnforcement;
 use crate::handoff::{AllocatedDevice, Allocation, ContainerAllocation};
 use crate::inventory::Gpu;
 use crate::placement::{
-    CARD_MILLI, CardUsage, ClusterState, Engine, EngineConfig, NodePlan, NodeState, PodDemand, PodUsage,
+    CARD_MILLI, CardUsage, ClusterState, Engine, EngineConfig, NodePlan, NodeState, PodDemand, PodUsage, ShareOwner,
     TargetWorkload, check_node_resources,
 };
 
@@ -40,6 +40,8 @@ pub struct NodeCapacity {
     pub share_enforcement: ShareEnforcement,
     /// How its GPUs are connected (published with its inventory).
     pub topology: Option<std::sync::Arc<crate::topology::GpuTopology>>,
+    /// Whether its cards' shares may belong to different tenants (the node's label).
+    pub cross_tenant: bool,
 }
 
 /// Whether a booking is confirmed by the API server.
@@ -184,6 +186,7 @@ impl Ledger {
             cards,
             schedulable: capacity.schedulable,
             enforcement: capacity.share_enforcement,
+            cross_tenant: capacity.cross_tenant,
             topology: capacity.topology.clone(),
         };
         let i = self.engine.cluster.add_node(node);
@@ -230,6 +233,7 @@ impl Ledger {
                 cards: Vec::new(),
                 schedulable: false,
                 enforcement: Default::default(),
+                cross_tenant: false,
                 topology: None,
             };
             self.engine.node_changed(i);
@@ -527,7 +531,7 @@ pub fn usage_of(node: &NodeState, demand: &PodDemand, allocation: &Allocation) -
     };
     // Per container (by demand index): its devices as (card, core, memory, mig slot, share
     // user).
-    type Held = (usize, u32, u64, Option<usize>, Option<Option<u32>>);
+    type Held = (usize, u32, u64, Option<usize>, Option<ShareOwner>);
     let mut per_container: Vec<Vec<Held>> = vec![Vec::new(); demand.containers.len()];
     for ca in &allocation.containers {
         let ci = demand
@@ -552,7 +556,10 @@ pub fn usage_of(node: &NodeState, demand: &PodDemand, allocation: &Allocation) -
                     core_percent * CARD_MILLI / 100,
                     *memory_mib,
                     None,
-                    (!exclusive).then_some(demand.containers[ci].run_as_user),
+                    (!exclusive).then_some(ShareOwner {
+                        uid: demand.containers[ci].run_as_user,
+                        tenant: demand.tenant,
+                    }),
                 ),
                 AllocatedDevice::Mig { uuid, .. } => {
                     let slot = node.cards[card]

@@ -18,6 +18,9 @@ pub const ANNOTATION_ALLOCATION: &str = "tessera.io/allocation";
 pub const ANNOTATION_ALLOCATION_SIGNATURE: &str = "tessera.io/allocation-signature";
 /// Node annotation: the node's GPU inventory, published by the cdi-generator.
 pub const ANNOTATION_INVENTORY: &str = "tessera.io/inventory";
+/// Node label: `"true"` lets one card's shares go to pods of different tenants (by default a
+/// card's shares all belong to one tenant).
+pub const LABEL_CROSS_TENANT_SHARING: &str = "tessera.io/cross-tenant-sharing";
 /// Pod annotation: allowed GPU models, `|`-separated.
 pub const ANNOTATION_GPU_MODEL: &str = "tessera.io/gpu-model";
 /// Pod annotation: how well each container's whole cards must be connected (`nvlink`,

@@ -342,6 +342,7 @@ mod tests {
                 cards: cluster.cards_from_inventory(&inv.gpus),
                 schedulable: true,
                 enforcement: Default::default(),
+                cross_tenant: false,
                 topology: inv.topology.clone().map(Arc::new),
             };
             let units = advertise(&inv, &HealthState::default(), 1024);

@@ -47,6 +47,7 @@ fn half_full_cluster() -> ClusterState {
             cards,
             schedulable: true,
             enforcement: Default::default(),
+            cross_tenant: false,
             topology: None,
         });
     }

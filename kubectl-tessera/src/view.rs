@@ -162,6 +162,7 @@ impl ClusterView {
                     cards: cluster.cards_from_inventory(&inv.gpus),
                     schedulable: true,
                     enforcement: inv.share_enforcement,
+                    cross_tenant: false,
                     topology: None,
                 },
             );

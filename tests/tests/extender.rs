@@ -33,7 +33,11 @@ fn bind_args(p: &k8s_openapi::api::core::v1::Pod, node: &str) -> Value {
 
 /// The verified allocation of a bound pod.
 fn allocation_of(api: &FakeApiServer, name: &str) -> Option<Allocation> {
-    let p = api.pod("default", name)?;
+    allocation_in(api, "default", name)
+}
+
+fn allocation_in(api: &FakeApiServer, namespace: &str, name: &str) -> Option<Allocation> {
+    let p = api.pod(namespace, name)?;
     let node = p.spec.as_ref()?.node_name.clone()?;
     let a = p.metadata.annotations.as_ref()?;
     keys()
@@ -886,6 +890,59 @@ async fn enforcement_is_published_required_and_mps_keeps_one_user_per_card() -> 
     let why = reply["FailedNodes"]["t-mps"].as_str().unwrap_or_default();
     assert!(
         why.contains("serves MPS clients of another user") && why.contains("uid 7"),
+        "{reply}"
+    );
+    Ok(())
+}
+
+/// Tenancy: shares of pods in different namespaces never land on one card, unless the node is
+/// labelled for cross-tenant sharing; a pod with no card of its own tenant left is refused on
+/// that node with the reason (naming no other tenant), and placed on the opted-in node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cards_shares_belong_to_one_namespace_unless_the_node_opts_in() -> anyhow::Result<()> {
+    use tessera_core::names::LABEL_CROSS_TENANT_SHARING;
+    let api = FakeApiServer::start().await?;
+    api.create_node(&gpu_node("t-iso", "t4x2"))?;
+    let mut open = gpu_node("t-open", "t4x2");
+    open.metadata
+        .labels
+        .get_or_insert_default()
+        .insert(LABEL_CROSS_TENANT_SHARING.into(), "true".into());
+    api.create_node(&open)?;
+    let mut r = start_replica(&api, ReplicaOptions::default()).await?;
+    let in_ns = |ns: &str, name: &str| {
+        let mut p = share_pod(name, 20, 2);
+        p.metadata.namespace = Some(ns.into());
+        p
+    };
+    let mut card = HashMap::new();
+    for (ns, name, node) in [
+        ("team-a", "a1", "t-iso"),
+        ("team-b", "b1", "t-iso"),
+        ("team-a", "a2", "t-iso"),
+        ("team-a", "oa", "t-open"),
+        ("team-b", "ob", "t-open"),
+    ] {
+        let p = api.create_pod(&in_ns(ns, name))?;
+        let (_, reply) = r.http.post_json(&path("filter"), &args(&p, &[node])).await?;
+        assert_eq!(reply["NodeNames"], json!([node]), "{name}: {reply}");
+        assert_eq!(bind(&mut r.http, &p, node).await?, "", "{name}");
+        let a = allocation_in(&api, ns, name).expect("bound");
+        card.insert(name, a.containers[0].devices[0].card_uuid().to_string());
+    }
+    assert_ne!(card["a1"], card["b1"], "two namespaces on one card");
+    assert_eq!(card["a1"], card["a2"], "a namespace's second share joins its card");
+    assert_eq!(card["oa"], card["ob"], "the opted-in node packs tenants together");
+    // A third namespace: both cards of t-iso hold another tenant's shares.
+    let p = api.create_pod(&in_ns("team-c", "c1"))?;
+    let (_, reply) = r
+        .http
+        .post_json(&path("filter"), &args(&p, &["t-iso", "t-open"]))
+        .await?;
+    assert_eq!(reply["NodeNames"], json!(["t-open"]), "{reply}");
+    let why = reply["FailedNodes"]["t-iso"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("another tenant") && why.contains(LABEL_CROSS_TENANT_SHARING) && !why.contains("team-"),
         "{reply}"
     );
     Ok(())

@@ -18,6 +18,7 @@ fn capacity(fixture: &str) -> NodeCapacity {
         schedulable: true,
         share_enforcement: Default::default(),
         topology: inv.topology.map(std::sync::Arc::new),
+        cross_tenant: false,
     }
 }
 
@@ -276,4 +277,54 @@ fn a_held_container_keeps_its_devices_and_the_rest_is_planned_beside_it() {
     // Freeing the pod frees both; the claim's booking is the caller's to put back.
     l.unbook("pod");
     assert_eq!(total(&used(&l, "h")), (0, 0));
+}
+
+/// A card's shares belong to one tenant: a second tenant's share goes to another card, and
+/// once every card holds another tenant's shares it is refused, saying why and naming no
+/// tenant. A node labelled for cross-tenant sharing packs them together. Whole cards and MIG
+/// slices are not shares.
+#[test]
+fn a_cards_shares_belong_to_one_tenant_unless_the_node_opts_in() {
+    use crate::placement::Tenant;
+    let tenant = |name: &str, core: u32| PodDemand {
+        tenant: Tenant::named(name),
+        ..share(core, 1024)
+    };
+    // t4x2: two cards.
+    let mut l = Ledger::new(EngineConfig::default(), &TargetWorkload::default());
+    assert!(l.set_node("t", capacity("t4x2")).is_empty());
+    let card_of = |a: &Allocation| a.containers[0].devices[0].card_uuid().to_string();
+    let a1 = l.reserve("a1", "t", &tenant("team-a", 200), None).unwrap().unwrap();
+    let b1 = l.reserve("b1", "t", &tenant("team-b", 200), None).unwrap().unwrap();
+    assert_ne!(card_of(&a1), card_of(&b1), "two tenants on one card");
+    // Each tenant's next share joins its own card.
+    let a2 = l.reserve("a2", "t", &tenant("team-a", 200), None).unwrap().unwrap();
+    assert_eq!(card_of(&a2), card_of(&a1));
+    // A third tenant: every card with room holds another tenant's shares.
+    let err = l
+        .reserve("c1", "t", &tenant("team-c", 200), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("another tenant") && err.contains("tessera.io/cross-tenant-sharing=true"),
+        "{err}"
+    );
+    assert!(!err.contains("team-a") && !err.contains("team-b"), "{err}");
+    // Once team-b's share goes, its card is free for anyone.
+    l.unbook("b1");
+    let c1 = l.reserve("c1", "t", &tenant("team-c", 200), None).unwrap().unwrap();
+    assert_eq!(card_of(&c1), card_of(&b1));
+
+    // Opted in: shares of different tenants share a card.
+    let mut cap = capacity("t4x2");
+    cap.cross_tenant = true;
+    let mut l = Ledger::new(EngineConfig::default(), &TargetWorkload::default());
+    assert!(l.set_node("t", cap).is_empty());
+    for (i, t) in ["team-a", "team-b", "team-c"].into_iter().enumerate() {
+        l.reserve(&format!("p{i}"), "t", &tenant(t, 200), None)
+            .unwrap()
+            .unwrap();
+    }
+    let busy = used(&l, "t").iter().filter(|(c, _)| *c > 0).count();
+    assert!(busy < 3, "three tenants' shares packed onto {busy} card(s) of 2");
 }

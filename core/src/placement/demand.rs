@@ -76,6 +76,9 @@ pub struct PodDemand {
     /// How well each container's whole cards must be connected (`None`: the best set is
     /// preferred, any will do).
     pub gpu_link: Option<LinkRequirement>,
+    /// The pod's tenant (its shares join only cards of the same tenant, unless the node shares
+    /// cards between tenants).
+    pub tenant: super::Tenant,
 }
 
 impl PodDemand {
@@ -141,6 +144,7 @@ impl PodDemand {
             gpu_policy: req.gpu_policy,
             share_enforcement: req.share_enforcement,
             gpu_link: req.gpu_link,
+            tenant: Default::default(),
         }
     }
 

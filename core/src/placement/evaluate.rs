@@ -6,7 +6,8 @@ use std::sync::{Arc, OnceLock};
 use super::fit::{NodePlan, PodUsage, check_node_resources, plan_node};
 use super::{
     CARD_MILLI, CardDemand, ClusterState, Engine, EngineConfig, Fragmentation, NodeAfter, NodeShape, PodDemand,
-    PolicyChooser, Rng, ScoreMemo, ShareEnforcement, SimpleChoice, fgd_score, fit, mosaic_card_score, node_score,
+    PolicyChooser, Rng, ScoreMemo, ShareEnforcement, SimpleChoice, Tenant, fgd_score, fit, mosaic_card_score,
+    node_score,
 };
 use crate::policy::PolicyKind;
 use crate::topology::{CardSet, Link, worst_link};
@@ -99,9 +100,13 @@ impl Evaluator<'_> {
     ) -> Result<(f64, Option<SimpleChoice>), String> {
         let cluster = self.cluster;
         let (node_policy, gpu_policy) = self.policies(pod);
-        // MPS nodes keep one user per shared card: the general path's card tier knows that rule.
-        let mps_share = cluster.nodes[n].enforcement == ShareEnforcement::Mps && pod.wants_share();
-        if !Engine::is_simple(pod) || mps_share {
+        // MPS nodes keep one user per shared card, and a card's shares belong to one tenant
+        // unless the node opts in: the general path's card tier knows those rules. (Pods that
+        // name no tenant, the simulator's, are all one tenant.)
+        let node = &cluster.nodes[n];
+        let owned_share = pod.wants_share()
+            && (node.enforcement == ShareEnforcement::Mps || (!node.cross_tenant && pod.tenant != Tenant::UNNAMED));
+        if !Engine::is_simple(pod) || owned_share {
             let plan = self.plan_general(n, pod, allowed, gpu_policy)?;
             let score = self.score_plan(n, pod, &plan.usage, node_policy);
             let node = &cluster.nodes[n];

@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 use crate::topology::LinkRequirement;
 
 use super::demand::{CardDemand, PodDemand};
-use super::state::{CARD_MILLI, NodeState};
+use super::state::{CARD_MILLI, NodeState, ShareOwner, ShareRefusal};
+use crate::names::LABEL_CROSS_TENANT_SHARING;
 
 /// One card (or MIG device) given to a container.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,9 +42,8 @@ pub struct CardUsage {
     pub memory_mib: u64,
     /// MIG slots taken.
     pub mig_slots: Vec<usize>,
-    /// The user of the pod's share on this card (`Some(None)`: a share whose pod names no
-    /// user); `None` when the pod has no share here.
-    pub share_user: Option<Option<u32>>,
+    /// Who the pod's share on this card belongs to; `None` when the pod has no share here.
+    pub share_user: Option<ShareOwner>,
 }
 
 /// A pod's usage of a node's cards, by card position.
@@ -140,10 +140,14 @@ pub fn plan_node(
         let mut busy = vec![false; node.cards.len()];
         let mut phase_usage = PodUsage::new();
         for &ci in phase {
+            let owner = ShareOwner {
+                uid: pod.containers[ci].run_as_user,
+                tenant: pod.tenant,
+            };
             let cards = place_container(
                 node,
                 &pod.containers[ci].cards,
-                pod.containers[ci].run_as_user,
+                owner,
                 allowed,
                 &mut free,
                 &mut slot_taken,
@@ -165,7 +169,7 @@ pub fn plan_node(
                 u.memory_mib += a.memory_mib;
                 u.mig_slots.extend(a.mig_slot);
                 if !a.exclusive {
-                    u.share_user = u.share_user.or(Some(pod.containers[ci].run_as_user));
+                    u.share_user = u.share_user.or(Some(owner));
                 }
             }
             containers.push(ContainerPlacement { container: ci, cards });
@@ -190,7 +194,7 @@ pub fn plan_node(
 fn place_container(
     node: &NodeState,
     demand: &CardDemand,
-    uid: Option<u32>,
+    owner: ShareOwner,
     allowed: &[bool],
     free: &mut [(u32, u64)],
     slot_taken: &mut [Vec<bool>],
@@ -234,17 +238,24 @@ fn place_container(
             let fits: Vec<usize> = roomy
                 .iter()
                 .copied()
-                .filter(|&i| node.cards[i].admits_user(node.enforcement, uid))
+                .filter(|&i| node.cards[i].admits(node.enforcement, node.cross_tenant, owner).is_ok())
                 .collect();
             if fits.is_empty() && !roomy.is_empty() {
-                let other = node.cards[roomy[0]].share_user.and_then(|u| u.uid);
                 let who = |u: Option<u32>| u.map_or_else(|| "an unnamed user".to_string(), |u| format!("uid {u}"));
-                return Err(format!(
-                    "every card with room serves MPS clients of another user ({}); this container runs as {} \
-                     (MPS serves one user per card: set runAsUser alike, or use another node)",
-                    who(other),
-                    who(uid)
-                ));
+                let refusal = node.cards[roomy[0]].admits(node.enforcement, node.cross_tenant, owner);
+                return Err(match refusal {
+                    Err(ShareRefusal::OtherTenant) => format!(
+                        "every card with room holds shares of another tenant; this node gives a card's shares \
+                         to one tenant (label it {LABEL_CROSS_TENANT_SHARING}=true to share cards between tenants)"
+                    ),
+                    Err(ShareRefusal::OtherUser(other)) => format!(
+                        "every card with room serves MPS clients of another user ({}); this container runs as {} \
+                         (MPS serves one user per card: set runAsUser alike, or use another node)",
+                        who(other),
+                        who(owner.uid)
+                    ),
+                    Ok(()) => unreachable!("a card that admits the share is in fits"),
+                });
             }
             if fits.is_empty() {
                 let best = compute.iter().max_by_key(|&&i| (free[i].0, free[i].1));
@@ -372,8 +383,12 @@ pub fn commit(node: &mut NodeState, pod: &PodDemand, usage: &PodUsage) {
         let c = &mut node.cards[i];
         c.core_used += u.core_milli;
         c.memory_used += u.memory_mib;
-        if let Some(uid) = u.share_user {
-            let su = c.share_user.get_or_insert(super::state::ShareUser { uid, pods: 0 });
+        if let Some(owner) = u.share_user {
+            let su = c.share_user.get_or_insert(super::state::ShareUser {
+                uid: owner.uid,
+                tenant: owner.tenant,
+                pods: 0,
+            });
             su.pods += 1;
         }
         if let Some(slots) = &mut c.mig {

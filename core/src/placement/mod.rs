@@ -24,7 +24,7 @@ pub use fit::{
 };
 pub use frag::{ClassSums, Fragmentation, NodeShape, TargetWorkload, WorkloadClass, WorkloadLearner, fgd_score};
 pub use rng::Rng;
-pub use state::{CARD_MILLI, CardState, ClusterState, MigSlot, NodeState, ShareUser};
+pub use state::{CARD_MILLI, CardState, ClusterState, MigSlot, NodeState, ShareOwner, ShareRefusal, ShareUser, Tenant};
 
 use crate::enforcement::ShareEnforcement;
 use crate::policy::PolicyKind;

@@ -50,19 +50,61 @@ pub struct CardState {
     pub memory_used: u64,
     /// `Some` when the card is in MIG mode: only its MIG devices are offered.
     pub mig: Option<Vec<MigSlot>>,
-    /// The user the card's shares run as, and how many pods hold a share on it. Kept on MPS
-    /// nodes, where one daemon serves one user at a time.
+    /// Who the card's shares belong to (user and tenant), and how many pods hold a share on
+    /// it.
     pub share_user: Option<ShareUser>,
 }
 
-/// The user of a card's shares (`None`: pods that do not say, grouped together) and how many
-/// pods hold a share on the card.
+/// A tenant: who a pod belongs to when cards are shared between teams (the pod's namespace, or
+/// a group of namespaces). Kept as a digest of its name (FNV-1a, 64 bits): placement compares
+/// tenants and never needs a name, and a refusal never names another tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Tenant(pub u64);
+
+impl Tenant {
+    /// Pods that name no tenant (the simulator's): all one tenant.
+    pub const UNNAMED: Tenant = Tenant(0);
+
+    /// The tenant named `name`.
+    pub fn named(name: &str) -> Self {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in name.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        Tenant(h.max(1))
+    }
+}
+
+/// Who runs a share: its user (`runAsUser`, `None` when the pod does not say) and its tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ShareOwner {
+    /// `runAsUser`, when the pod says.
+    pub uid: Option<u32>,
+    /// The pod's tenant.
+    pub tenant: Tenant,
+}
+
+/// Who a card's shares belong to (that of the first share placed) and how many pods hold a
+/// share on the card.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ShareUser {
     /// `runAsUser`, when the pods say.
     pub uid: Option<u32>,
+    /// Their tenant.
+    pub tenant: Tenant,
     /// Pods with a share on the card.
     pub pods: u32,
+}
+
+/// Why a card does not take a share that has room on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareRefusal {
+    /// MPS serves one user per card, and the card's shares run as this one.
+    OtherUser(Option<u32>),
+    /// The card's shares belong to another tenant and the node does not share cards between
+    /// tenants.
+    OtherTenant,
 }
 
 impl CardState {
@@ -86,10 +128,20 @@ impl CardState {
         self.core_used == 0 && self.memory_used == 0
     }
 
-    /// Whether a share running as `uid` may join this card on a node enforcing with `mode`:
-    /// MPS serves one user per card, so the card's shares must all run as the same user.
-    pub fn admits_user(&self, mode: ShareEnforcement, uid: Option<u32>) -> bool {
-        mode != ShareEnforcement::Mps || self.share_user.is_none_or(|u| u.uid == uid)
+    /// Whether a share of `owner` may join this card on a node enforcing with `mode` that
+    /// shares cards between tenants or not: a card's shares belong to one tenant unless the
+    /// node opts in, and MPS serves one user per card.
+    pub fn admits(&self, mode: ShareEnforcement, cross_tenant: bool, owner: ShareOwner) -> Result<(), ShareRefusal> {
+        let Some(u) = self.share_user else {
+            return Ok(());
+        };
+        if !cross_tenant && u.tenant != owner.tenant {
+            return Err(ShareRefusal::OtherTenant);
+        }
+        if mode == ShareEnforcement::Mps && u.uid != owner.uid {
+            return Err(ShareRefusal::OtherUser(u.uid));
+        }
+        Ok(())
     }
 }
 
@@ -112,6 +164,9 @@ pub struct NodeState {
     pub schedulable: bool,
     /// How the node holds shares to their limits.
     pub enforcement: ShareEnforcement,
+    /// Whether one card's shares may belong to different tenants (the operator's opt-in,
+    /// [`crate::names::LABEL_CROSS_TENANT_SHARING`]).
+    pub cross_tenant: bool,
     /// How its cards are connected (by card position), when the node publishes it.
     pub topology: Option<Arc<GpuTopology>>,
 }

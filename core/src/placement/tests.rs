@@ -16,6 +16,7 @@ fn node(cluster: &mut ClusterState, name: &str, fixture: &str) {
         cards,
         schedulable: true,
         enforcement: Default::default(),
+        cross_tenant: false,
         topology: inv.topology.map(std::sync::Arc::new),
     });
 }
@@ -335,6 +336,7 @@ fn only_schedulable_nodes_with_a_healthy_allowed_card_could_take_a_gpu_pod() {
         cards: vec![card(true)],
         schedulable: true,
         enforcement: Default::default(),
+        cross_tenant: false,
         topology: None,
     };
     let gpu = PodDemand::single(

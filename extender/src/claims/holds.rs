@@ -149,6 +149,8 @@ fn held_booking(key: &ClaimKey, g: &HeldGpu) -> Booking {
                 run_as_user: None,
             }],
             phases: vec![vec![0]],
+            // The claim's namespace: a retained share keeps its card to that tenant.
+            tenant: tessera_core::placement::Tenant::named(key.split_once('/').map_or("", |(ns, _)| ns)),
             ..Default::default()
         },
         allocation: Some(allocation),

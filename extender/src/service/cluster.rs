@@ -12,9 +12,11 @@ use tessera_core::handoff::ContainerAllocation;
 use tessera_core::handoff::{Allocation, SigningKeys};
 use tessera_core::inventory::{Health, PublishedInventory};
 use tessera_core::ledger::{Booking, Hold, Ledger, LedgerError, NodeCapacity};
-use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, ANNOTATION_INVENTORY};
+use tessera_core::names::{
+    ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, ANNOTATION_INVENTORY, LABEL_CROSS_TENANT_SHARING,
+};
 use tessera_core::placement::check_node_resources;
-use tessera_core::placement::{EngineConfig, PodDemand, WorkloadLearner};
+use tessera_core::placement::{EngineConfig, PodDemand, Tenant, WorkloadLearner};
 use tessera_core::quantity::Amount;
 use tessera_core::request::{GpuDemand, PodRequest, RequestError, RequestOptions};
 use tracing::{debug, warn};
@@ -176,6 +178,12 @@ fn node_capacity(node: &Node) -> (NodeCapacity, Option<String>) {
         schedulable: !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
         share_enforcement,
         topology,
+        cross_tenant: node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_CROSS_TENANT_SHARING))
+            .is_some_and(|v| v == "true"),
     };
     (cap, not_ready)
 }
@@ -347,8 +355,10 @@ impl Cluster {
         } else {
             Vec::new()
         };
+        let mut demand = PodDemand::from_request(&request);
+        demand.tenant = Tenant::named(ns);
         Ok(PodAsk {
-            demand: PodDemand::from_request(&request),
+            demand,
             core_limit: request.core_limit,
             claims,
             pod: format!("{ns}/{}", pod.metadata.name.as_deref().unwrap_or_default()),
@@ -394,10 +404,9 @@ impl Cluster {
             keys.push(booking_key(&g.egpu));
             c.gpu = GpuDemand::None;
         }
-        Ok(ClaimPlan {
-            planned: PodDemand::from_request(&request),
-            held,
-        })
+        let mut planned = PodDemand::from_request(&request);
+        planned.tenant = ask.demand.tenant;
+        Ok(ClaimPlan { planned, held })
     }
 
     /// A pod was added or changed: bound pods are booked with their verified allocation,

@@ -253,6 +253,7 @@ pub fn cluster_of(nodes: &[TraceNode]) -> ClusterState {
             cards,
             schedulable: true,
             enforcement: Default::default(),
+            cross_tenant: false,
             topology: None,
         });
     }

@@ -67,6 +67,7 @@ fn fragmentation_matches_the_papers_definition() {
         cards: vec![card(m, 700), card(m, 0)],
         schedulable: true,
         enforcement: Default::default(),
+        cross_tenant: false,
         topology: None,
     };
     cluster.add_node(node.clone());
