@@ -256,6 +256,8 @@ pub const HOOK_STATE_IN_CONTAINER: &str = "/run/tessera/hook/state";
 /// container on the card so that their processes create contexts one at a time and each can
 /// tell which host pid is its own.
 pub const HOOK_CARD_LOCK_IN_CONTAINER: &str = "/run/tessera/hook/card.lock";
+/// The hook's memory accounting file in a container's state directory.
+pub const HOOK_ACCOUNTING_FILE: &str = "memory";
 
 impl Default for HookLayout {
     fn default() -> Self {
@@ -356,8 +358,17 @@ impl HookLayout {
         std::fs::create_dir_all(&state)?;
         {
             use std::os::unix::fs::PermissionsExt as _;
-            // Every process of the container, whatever its user, shares the accounting.
+            // Every process of the container, whatever its user, shares the accounting: the
+            // file is made here, open to all, so the container's first process (under any
+            // umask) does not make it for its own user alone.
             std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o1777))?;
+            let memory = state.join(HOOK_ACCOUNTING_FILE);
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&memory)?;
+            std::fs::set_permissions(&memory, std::fs::Permissions::from_mode(0o666))?;
         }
         let config = dir.join("config");
         let tmp = dir.join("config.tmp");

@@ -36,7 +36,8 @@ pub struct Region {
     pub slots: [Slot; MAX_SLOTS],
 }
 
-/// Why the accounting cannot be used (the hook then passes calls through).
+/// Why the accounting cannot be used (the hook then refuses allocations: a limit that fails
+/// open is no limit).
 #[derive(Debug)]
 pub struct AccountError(pub String);
 

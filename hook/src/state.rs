@@ -81,7 +81,7 @@ impl Hook {
             Accounting::open(&config.state_dir, limit, pid())
                 .map_err(|e| {
                     BROKEN.print(format_args!(
-                        "memory accounting unavailable ({}): memory not limited",
+                        "memory accounting unavailable ({}): refusing GPU memory allocations",
                         e.0
                     ))
                 })
@@ -117,9 +117,11 @@ impl Hook {
         a.as_ref().map(f)
     }
 
-    /// Whether the container may take `bytes` more; `true` when memory is not limited.
+    /// Whether the container may take `bytes` more; `true` when memory is not limited. A
+    /// limit whose accounting cannot be used refuses (a limit that fails open is no limit).
     pub fn admit(&self, bytes: u64) -> bool {
-        self.with_account(|a| a.reserve(bytes)).unwrap_or(true)
+        self.with_account(|a| a.reserve(bytes))
+            .unwrap_or(self.config.memory_limit.is_none())
     }
 
     /// Counts `bytes` past the limit (driver padding).

@@ -20,6 +20,8 @@ struct Container {
     config: Option<String>,
     /// Another container's fake GPU, when both share one card.
     gpu: Option<PathBuf>,
+    /// The state directory (default: `<dir>/state`).
+    state_dir: Option<PathBuf>,
 }
 
 impl Container {
@@ -28,6 +30,7 @@ impl Container {
             dir: tempfile::tempdir().unwrap(),
             config: config.map(str::to_string),
             gpu: None,
+            state_dir: None,
         }
     }
 
@@ -59,11 +62,8 @@ impl Container {
             // As the NRI plugin does: every hooked container on a card gets the card's lock.
             let card_lock = gpu.with_extension("lock");
             std::fs::write(&card_lock, "").unwrap();
-            let c = format!(
-                "{c}state_dir={}\ncard_lock={}\n",
-                self.dir.path().join("state").display(),
-                card_lock.display()
-            );
+            let state = self.state_dir.clone().unwrap_or_else(|| self.dir.path().join("state"));
+            let c = format!("{c}state_dir={}\ncard_lock={}\n", state.display(), card_lock.display());
             std::fs::write(&path, c).unwrap();
             cmd.env("TESSERA_HOOK_CONFIG", path);
         }
@@ -265,4 +265,73 @@ fn two_containers_on_one_card_each_get_their_own_share() {
         (ba - 25.0).abs() <= 10.0 && (bb - 50.0).abs() <= 12.0,
         "25% share: {ba}, 50% share: {bb}"
     );
+}
+
+/// Every process of a container is held to its share whatever its user: the NRI plugin makes
+/// the accounting open to all before the container starts (the container's first process, under
+/// its umask, used to make it for its own user, and another user's process then allocated
+/// unlimited). And a limit whose accounting cannot be opened refuses instead of passing through.
+#[test]
+fn a_process_of_another_user_is_held_to_the_share_too() {
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::os::unix::process::CommandExt as _;
+    use tessera_core::enforcement::{HOOK_ACCOUNTING_FILE, HookLayout, ShareLimits};
+    let open =
+        |p: &std::path::Path, mode: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    let mut c = Container::limited(4096, None);
+    // What the test's processes need to reach as uid 65534, as in a container.
+    open(c.dir.path(), 0o777);
+    open(&built().lib_dir, 0o755);
+    let gpu = c.dir.path().join("gpu");
+    std::fs::write(&gpu, b"").unwrap();
+    open(&gpu, 0o666);
+    // As the NRI plugin prepares the container.
+    let files = HookLayout::new(c.dir.path().join("hook"))
+        .prepare(
+            "c1",
+            &ShareLimits {
+                uuid: "GPU-00000000-0000-0000-0000-000000000001".into(),
+                core_limit: 100,
+                memory_mib: 4096,
+            },
+        )
+        .unwrap();
+    for d in [
+        c.dir.path().join("hook"),
+        c.dir.path().join("hook/containers"),
+        files.state.parent().unwrap().to_path_buf(),
+    ] {
+        open(&d, 0o755);
+    }
+    c.state_dir = Some(files.state.clone());
+    // Root holds 3 GiB; a process of uid 65534 then fills: it gets the last GiB, no more.
+    let mut root = c
+        .command("client_dl", &["fill", "3072", "3000"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let other = |c: &Container| {
+        let out = c
+            .command("client_linked", &["fill", "256"])
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (stdout, stderr) = other(&c);
+    assert!(stdout.contains("allocated_mib=1024"), "{stdout}{stderr}");
+    assert!(!stderr.contains("unavailable"), "{stderr}");
+    root.kill().unwrap();
+    root.wait().unwrap();
+    // An accounting file the process cannot open (made by another user, 0644): refused.
+    let memory = files.state.join(HOOK_ACCOUNTING_FILE);
+    open(&memory, 0o644);
+    let (stdout, stderr) = other(&c);
+    assert!(stdout.contains("allocated_mib=0"), "{stdout}{stderr}");
+    assert!(stderr.contains("refusing GPU memory allocations"), "{stderr}");
 }
