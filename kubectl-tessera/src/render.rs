@@ -77,7 +77,7 @@ pub fn inspect(view: &ClusterView, output: Output) -> String {
         return serde_json::to_string_pretty(view).expect("the view serializes") + "\n";
     }
     let wide = output == Output::Wide;
-    let mut header = vec!["NODE", "GPU", "MODEL", "COMPUTE", "MEMORY"];
+    let mut header = vec!["NODE", "GPU", "MODEL", "COMPUTE", "MEMORY", "TENANT"];
     if wide {
         header.extend(["UUID", "NUMA", "HEALTH", "SHARES"]);
     }
@@ -91,6 +91,11 @@ pub fn inspect(view: &ClusterView, output: Output) -> String {
                 c.model.clone(),
                 compute(c),
                 memory(c),
+                if c.tenants.is_empty() {
+                    "-".into()
+                } else {
+                    c.tenants.join(",")
+                },
             ];
             if wide {
                 r.extend([

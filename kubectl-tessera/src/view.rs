@@ -47,6 +47,9 @@ pub struct CardView {
     pub mig: Option<(usize, usize)>,
     /// Pods on the card, sorted.
     pub pods: Vec<CardPod>,
+    /// The tenants (namespaces) of those pods: one, unless the node shares cards between
+    /// tenants.
+    pub tenants: Vec<String>,
 }
 
 /// One Tessera node.
@@ -148,6 +151,7 @@ impl ClusterView {
                     memory_allocated_mib: 0,
                     mig: g.mig_enabled.then_some((0, g.mig_devices.len())),
                     pods: Vec::new(),
+                    tenants: Vec::new(),
                 })
                 .collect();
             cards.sort_by_key(|c| c.index);
@@ -204,6 +208,13 @@ impl ClusterView {
         for v in views.values_mut() {
             for c in &mut v.cards {
                 c.pods.sort_by(|a, b| a.pod.cmp(&b.pod));
+                c.tenants = c
+                    .pods
+                    .iter()
+                    .filter_map(|p| p.pod.split_once('/'))
+                    .map(|(ns, _)| ns.to_string())
+                    .collect();
+                c.tenants.dedup();
             }
         }
         Self {
