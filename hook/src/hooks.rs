@@ -124,10 +124,77 @@ fn substitute(p: *mut c_void) -> *mut c_void {
 
 /// The runtime looks driver functions up with `dlsym`: the driver's own are swapped for hooks.
 ///
+/// `dlsym(RTLD_NEXT, ...)` means "the next definition after the *caller's* object", which glibc
+/// finds from the return address. An ordinary call from here would make this library the
+/// caller: an interposer preloaded after it (LLVM OpenMP's `ompt_start_tool`, any
+/// `dlsym(RTLD_NEXT)` wrapper) would get its own symbol back and loop. So the exported entry
+/// is a bare jump: `RTLD_NEXT` lookups go to glibc's `dlsym` with the caller's return address
+/// untouched (only the real `dlsym`'s address is fetched first, with the arguments saved);
+/// every other lookup goes to [`dlsym_hooked`].
+///
 /// # Safety
 /// As `dlsym(3)`.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    std::arch::naked_asm!(
+        "cmp rdi, -1", // RTLD_NEXT is ((void *) -1)
+        "jne {hooked}",
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8", // 16-byte alignment for the call
+        "call {resolve}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jz 2f",
+        "jmp rax", // glibc's dlsym returns straight to our caller
+        "2:",
+        "xor eax, eax",
+        "ret",
+        hooked = sym dlsym_hooked,
+        resolve = sym real_dlsym_address,
+    )
+}
+
+/// # Safety
+/// As `dlsym(3)`; see the x86-64 variant.
+#[cfg(target_arch = "aarch64")]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    std::arch::naked_asm!(
+        "cmn x0, #1", // RTLD_NEXT is ((void *) -1)
+        "b.ne {hooked}",
+        "stp x0, x1, [sp, #-32]!",
+        "str x30, [sp, #16]",
+        "bl {resolve}",
+        "mov x16, x0",
+        "ldr x30, [sp, #16]",
+        "ldp x0, x1, [sp], #32",
+        "cbz x16, 2f",
+        "br x16", // glibc's dlsym returns straight to our caller (x30)
+        "2:",
+        "mov x0, #0",
+        "ret",
+        hooked = sym dlsym_hooked,
+        resolve = sym real_dlsym_address,
+    )
+}
+
+/// glibc's `dlsym`, as an address (0 when not found), for the bare entry above.
+extern "C" fn real_dlsym_address() -> usize {
+    crate::real::real_dlsym().map_or(0, |f| f as usize)
+}
+
+/// `dlsym` for every handle but `RTLD_NEXT`: glibc's answer, with the driver's functions
+/// swapped for hooks.
+///
+/// # Safety
+/// As `dlsym(3)`.
+unsafe extern "C" fn dlsym_hooked(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     let Some(real) = crate::real::real_dlsym() else {
         return std::ptr::null_mut();
     };

@@ -335,3 +335,70 @@ fn a_process_of_another_user_is_held_to_the_share_too() {
     assert!(stdout.contains("allocated_mib=0"), "{stdout}{stderr}");
     assert!(stderr.contains("refusing GPU memory allocations"), "{stderr}");
 }
+
+/// `dlsym(RTLD_NEXT, ...)` from a library preloaded after the hook still means "after that
+/// library": LLVM's real OpenMP runtime (Debian's libomp5, which hung here before) starts and
+/// answers, and an interposer of `puts` reaches libc's.
+#[test]
+fn rtld_next_lookups_stay_relative_to_their_caller() {
+    use std::time::Duration;
+    let u = tessera_tests::nvidia::Userspace::get().unwrap();
+    let omp_dir = u.libomp5().join("usr/lib/llvm-14/lib");
+    let dir = tempfile::tempdir().unwrap();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+    let out = |n: &str| dir.path().join(n).display().to_string();
+    let cc = |args: &[&str]| {
+        let st = Command::new("cc").args(args).status().unwrap();
+        assert!(st.success(), "cc {args:?}");
+    };
+    cc(&[
+        "-O2",
+        "-o",
+        &out("omp_probe"),
+        src.join("omp_probe.c").to_str().unwrap(),
+        &format!("-L{}", omp_dir.display()),
+        "-l:libomp.so.5",
+    ]);
+    cc(&[
+        "-O2",
+        "-shared",
+        "-fPIC",
+        "-o",
+        &out("libnext.so"),
+        src.join("next_interposer.c").to_str().unwrap(),
+    ]);
+    cc(&[
+        "-O2",
+        "-o",
+        &out("next_main"),
+        src.join("next_main.c").to_str().unwrap(),
+    ]);
+    // Bounded: the bug was a hang.
+    let run = |cmd: &mut Command| {
+        let mut child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("{cmd:?} hung");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
+        )
+    };
+    let (ok, text) = run(Command::new(out("omp_probe"))
+        .env("LD_LIBRARY_PATH", &omp_dir)
+        .env("LD_PRELOAD", hook_lib()));
+    assert!(ok && text.starts_with("omp_max_threads="), "{text}");
+    let preload = format!("{} {}", hook_lib().display(), out("libnext.so"));
+    let (ok, text) = run(Command::new(out("next_main")).env("LD_PRELOAD", &preload));
+    assert!(ok && text == "interposed: hello\n", "{text}");
+}
