@@ -3,6 +3,8 @@
 FROM rust:1.95-trixie AS build
 WORKDIR /src
 COPY . .
+# The CUDA hook is linked with zig for glibc 2.28 (hook/build-portable.sh fetches it from PyPI).
+RUN apt-get update && apt-get install -y --no-install-recommends python3-pip && rm -rf /var/lib/apt/lists/*
 # Shipped binaries without debug info (symbols kept); their debug files in /out/debug.
 RUN bash scripts/ship.sh /out
 

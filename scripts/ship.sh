@@ -11,8 +11,9 @@ out="${1:-target/ship}"
 bins=(tessera-extender tessera-cdi-generator tessera-device-plugin tessera-nri-plugin tessera-mps-supervisor)
 
 cargo build --release --locked \
-    -p tessera-extender -p tessera-cdi-generator -p tessera-device-plugin -p tessera-nri-plugin -p tessera-mps \
-    -p tessera-cuda-hook
+    -p tessera-extender -p tessera-cdi-generator -p tessera-device-plugin -p tessera-nri-plugin -p tessera-mps
+# The hook loads in every container of a share: built for glibc 2.28 (hook/build-portable.sh).
+hook="$(bash hook/build-portable.sh)"
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/debug"
 
@@ -24,15 +25,15 @@ split() { # <built file> <shipped name>
 for b in "${bins[@]}"; do
     split "target/release/$b" "$b"
 done
-split target/release/libtessera_cuda_hook.so libtessera-cuda-hook.so
+split "$hook" libtessera-cuda-hook.so
 
 printf '%-28s %12s %12s %12s\n' file built shipped debug
 for f in "$out"/bin/*; do
     name="$(basename "$f")"
     src="target/release/$name"
-    [[ "$name" == libtessera-cuda-hook.so ]] && src=target/release/libtessera_cuda_hook.so
+    [[ "$name" == libtessera-cuda-hook.so ]] && src="$hook"
     printf '%-28s %12s %12s %12s\n' "$name" "$(stat -c %s "$src")" "$(stat -c %s "$f")" \
         "$(stat -c %s "$out/debug/$name.debug")"
 done
-printf '%-28s %12s %12s\n' total "$(cat "${bins[@]/#/target/release/}" target/release/libtessera_cuda_hook.so | wc -c)" \
+printf '%-28s %12s %12s\n' total "$(cat "${bins[@]/#/target/release/}" "$hook" | wc -c)" \
     "$(cat "$out"/bin/* | wc -c)"

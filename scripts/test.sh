@@ -14,5 +14,8 @@ bash tests/nvidia/fetch.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+# The hook as containers get it (glibc 2.28 symbols, built with zig): its suites again.
+echo "== the shipped CUDA hook (hook/build-portable.sh):"
+TESSERA_HOOK_LIB="$(bash hook/build-portable.sh)" cargo test --locked -p tessera-cuda-hook --test hook --test nri_hook
 # Install manifests against the Kubernetes schemas of several versions.
 bash scripts/validate-manifests.sh

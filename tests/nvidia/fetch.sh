@@ -14,7 +14,8 @@
 #
 # Plus the unpacked packages themselves (`pkg`: run the real nvidia-cuda-mps-control from
 # there), the CUDA 11.8 runtime (bookworm's libcudart11.0), LLVM's OpenMP (libomp5-14) and
-# bookworm's glibc (libc6, for container images whose programs load libcuda).
+# bookworm's glibc (libc6, for container images whose programs load libcuda) and bullseye's
+# glibc 2.31 with its programs (the oldest glibc reachable here, for the hook).
 # All programs here run on bookworm's glibc 2.36 (they need GLIBC_2.9 at most).
 #
 #   tests/nvidia/fetch.sh [CACHE_DIR]      (default: <repo>/.cache/nvidia)
@@ -30,7 +31,7 @@ exec 9>"$cache/.lock"
 flock 9
 
 # Bump when the recipe changes. Paths are written relative to the cache (`@`).
-ready="$cache/ready-v3"
+ready="$cache/ready-v4"
 if [ -f "$ready" ] && [ -z "${TESSERA_REFRESH_NVIDIA:-}" ]; then
   sed "s|@|$cache|" "$ready"
   exit 0
@@ -39,6 +40,7 @@ fi
 apt_dir="$cache/apt"
 mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
 cat > "$apt_dir/sources.list" <<'LIST'
+deb http://deb.debian.org/debian bullseye main
 deb http://deb.debian.org/debian bookworm main non-free non-free-firmware
 deb http://deb.debian.org/debian trixie main non-free non-free-firmware
 LIST
@@ -173,15 +175,17 @@ build_branch 535 bookworm 535.
 build_branch 550 trixie 550.
 
 # CUDA 11.8's runtime and LLVM's OpenMP, for the hook's tests; glibc, for images whose programs
-# load libcuda.
+# load libcuda; bullseye's glibc 2.31 with its programs (libc-bin), the oldest glibc reachable
+# here, for the hook's old-glibc test.
 for item in "cudart11 libcudart11.0 bookworm 11." "libomp5 libomp5-14 bookworm 1:14." \
-  "libc6 libc6 bookworm 2.36"; do
+  "libc6 libc6 bookworm 2.36" "libc6-2.31 libc6 bullseye 2.31" "libc6-2.31 libc-bin bullseye 2.31"; do
   read -r name package suite prefix <<<"$item"
   v="$(pick "$package" "$suite" "$prefix")"
   [ -n "$v" ] || { echo "fetch.sh: no $package $prefix* in $suite" >&2; exit 1; }
-  rm -rf "$cache/$name" && mkdir -p "$cache/$name"
+  # Items of several packages: emptied before the first.
+  if ! grep -q "^$name " "$ready.tmp"; then rm -rf "$cache/$name" && mkdir -p "$cache/$name"; fi
   unpack "$package" "$v" "$cache/$name"
-  echo "$name $v @/$name" >> "$ready.tmp"
+  grep -q "^$name " "$ready.tmp" || echo "$name $v @/$name" >> "$ready.tmp"
 done
 
 mv "$ready.tmp" "$ready"

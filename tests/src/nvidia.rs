@@ -97,10 +97,15 @@ impl Userspace {
                             .chain(Layout::ALL.iter().map(|l| l.name()))
                             .map(move |l| format!("{}/{l}", b.key()))
                     })
-                    .chain(["cudart11".to_string(), "libomp5".to_string(), "libc6".to_string()])
+                    .chain([
+                        "cudart11".to_string(),
+                        "libomp5".to_string(),
+                        "libc6".to_string(),
+                        "libc6-2.31".to_string(),
+                    ])
                     .collect();
                 let want: Vec<&str> = want.iter().map(String::as_str).collect();
-                fetched::fetch("nvidia/fetch.sh", "TESSERA_NVIDIA_CACHE", "ready-v3", &want)
+                fetched::fetch("nvidia/fetch.sh", "TESSERA_NVIDIA_CACHE", "ready-v4", &want)
                     .map(|items| Userspace { items })
                     .map_err(|e| format!("{e:#}"))
             })
@@ -140,6 +145,12 @@ impl Userspace {
     /// Debian's glibc, unpacked (a root for images that need a C library).
     pub fn libc6(&self) -> &Path {
         &self.item("libc6").1
+    }
+
+    /// Debian bullseye's glibc 2.31 and its programs (`usr/bin/getent`, ...), unpacked: the
+    /// oldest glibc reachable here.
+    pub fn libc6_2_31(&self) -> &Path {
+        &self.item("libc6-2.31").1
     }
 
     /// The CUDA 11.8 runtime (`usr/lib/x86_64-linux-gnu/libcudart.so.11.0`).

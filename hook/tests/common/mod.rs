@@ -85,6 +85,10 @@ pub fn built() -> &'static Built {
 /// The hook library cargo built beside this test: `cargo test` leaves it in `deps/` next to
 /// the test binary, `cargo build` one directory up.
 pub fn hook_lib() -> PathBuf {
+    // The shipped build (hook/build-portable.sh), when the suite is run against it.
+    if let Some(p) = std::env::var_os("TESSERA_HOOK_LIB") {
+        return PathBuf::from(p);
+    }
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
     let candidates = [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()];
