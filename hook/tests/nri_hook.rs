@@ -60,14 +60,13 @@ fn image(work: &Path) -> anyhow::Result<std::path::PathBuf> {
     // Every glibc package ships libpthread.so.0 and libdl.so.2 (stubs from 2.34 on); the
     // shipped hook, built for glibc 2.28, needs them, so an image like the ones users run has
     // them.
-    let compat = ["/lib/x86_64-linux-gnu/libpthread.so.0", "/lib/x86_64-linux-gnu/libdl.so.2"]
-        .into_iter()
-        .filter(|p| Path::new(p).exists());
-    for lib in listed
-        .split_whitespace()
-        .filter(|w| w.starts_with('/'))
-        .chain(compat)
-    {
+    let compat = [
+        "/lib/x86_64-linux-gnu/libpthread.so.0",
+        "/lib/x86_64-linux-gnu/libdl.so.2",
+    ]
+    .into_iter()
+    .filter(|p| Path::new(p).exists());
+    for lib in listed.split_whitespace().filter(|w| w.starts_with('/')).chain(compat) {
         let dest = rootfs.join(lib.trim_start_matches('/'));
         std::fs::create_dir_all(dest.parent().unwrap())?;
         std::fs::copy(lib, dest)?;
