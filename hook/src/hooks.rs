@@ -53,6 +53,8 @@ reals! {
     MEM_FREE_ASYNC_PTSZ = c"cuMemFreeAsync_ptsz";
     MEM_CREATE = c"cuMemCreate";
     MEM_RELEASE = c"cuMemRelease";
+    MEM_MAP = c"cuMemMap";
+    MEM_UNMAP = c"cuMemUnmap";
     ARRAY_CREATE = c"cuArrayCreate_v2";
     ARRAY_3D_CREATE = c"cuArray3DCreate_v2";
     ARRAY_DESTROY = c"cuArrayDestroy";
@@ -71,7 +73,7 @@ reals! {
 }
 
 /// Every hook: the driver function it replaces and its own address.
-fn table() -> [(&'static Real, usize); 29] {
+fn table() -> [(&'static Real, usize); 31] {
     [
         (&GET_PROC_ADDRESS, cuGetProcAddress as *const () as usize),
         (&GET_PROC_ADDRESS_V2, cuGetProcAddress_v2 as *const () as usize),
@@ -87,6 +89,8 @@ fn table() -> [(&'static Real, usize); 29] {
         (&MEM_FREE_ASYNC_PTSZ, cuMemFreeAsync_ptsz as *const () as usize),
         (&MEM_CREATE, cuMemCreate as *const () as usize),
         (&MEM_RELEASE, cuMemRelease as *const () as usize),
+        (&MEM_MAP, cuMemMap as *const () as usize),
+        (&MEM_UNMAP, cuMemUnmap as *const () as usize),
         (&ARRAY_CREATE, cuArrayCreate_v2 as *const () as usize),
         (&ARRAY_3D_CREATE, cuArray3DCreate_v2 as *const () as usize),
         (&ARRAY_DESTROY, cuArrayDestroy as *const () as usize),
@@ -421,13 +425,57 @@ pub unsafe extern "C" fn cuMemCreate(
     r
 }
 
+/// The driver frees a released handle's memory only when its last mapping goes (ggml-cuda
+/// releases right after mapping): until then it stays counted.
+///
 /// # Safety
 /// As the driver's `cuMemRelease`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemRelease(handle: CuMemHandle) -> CuResult {
     type F = unsafe extern "C" fn(CuMemHandle) -> CuResult;
     let r = call!(MEM_RELEASE, F, handle);
-    freed(Kind::Vmm, handle, r);
+    if r == CUDA_SUCCESS
+        && let Some(h) = hook()
+        && protect(true, || h.vmm_released(handle))
+    {
+        freed(Kind::Vmm, handle, r);
+    }
+    r
+}
+
+/// # Safety
+/// As the driver's `cuMemMap`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CuDevicePtr,
+    size: usize,
+    offset: usize,
+    handle: CuMemHandle,
+    flags: c_ulonglong,
+) -> CuResult {
+    type F = unsafe extern "C" fn(CuDevicePtr, usize, usize, CuMemHandle, c_ulonglong) -> CuResult;
+    let r = call!(MEM_MAP, F, ptr, size, offset, handle, flags);
+    if r == CUDA_SUCCESS
+        && let Some(h) = hook()
+    {
+        protect((), || h.vmm_mapped(ptr, size as u64, handle));
+    }
+    r
+}
+
+/// # Safety
+/// As the driver's `cuMemUnmap`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CuDevicePtr, size: usize) -> CuResult {
+    type F = unsafe extern "C" fn(CuDevicePtr, usize) -> CuResult;
+    let r = call!(MEM_UNMAP, F, ptr, size);
+    if r == CUDA_SUCCESS
+        && let Some(h) = hook()
+    {
+        for handle in protect(Vec::new(), || h.vmm_unmapped(ptr, size as u64)) {
+            freed(Kind::Vmm, handle, r);
+        }
+    }
     r
 }
 

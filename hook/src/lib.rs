@@ -4,15 +4,16 @@
 //! - memory: `cuMemAlloc*`, `cuMemAllocPitch`, `cuMemAllocManaged`, the async and pool
 //!   allocations, `cuMemCreate` (VMM) and arrays are admitted against the container's limit,
 //!   counted across all its processes ([`account`]), and refused with
-//!   `CUDA_ERROR_OUT_OF_MEMORY` past it; frees give the memory back; `cuMemGetInfo` and
-//!   `cuDeviceTotalMem` report the share;
+//!   `CUDA_ERROR_OUT_OF_MEMORY` past it; frees give the memory back (a VMM handle's at its last
+//!   unmap when it was released while mapped, as the driver frees it); `cuMemGetInfo` and
+//!   `cuDeviceTotalMem` report the share; a limit whose accounting cannot be opened refuses;
 //! - compute: kernel launches (plain, `Ex`, cooperative, graphs) are throttled by a token bucket
 //!   whose rate follows the container's measured SM utilization ([`throttle`]).
 //!
 //! Programs reach the hooks whether they link libcuda or load it: every hooked entry point is
 //! exported under the driver's name, and `dlsym` and `cuGetProcAddress` hand out the hooks in
-//! place of the driver's functions ([`hooks`]). Without a usable configuration everything
-//! passes through; no panic crosses the C boundary.
+//! place of the driver's functions ([`hooks`]); `dlsym(RTLD_NEXT, ...)` keeps its caller. Without
+//! a configuration everything passes through; no panic crosses the C boundary.
 
 pub mod account;
 pub mod config;

@@ -29,6 +29,7 @@ pub struct Hook {
     pub config: Config,
     account: RwLock<Option<Accounting>>,
     allocs: Mutex<HashMap<(Kind, u64), u64>>,
+    vmm: Mutex<Vmm>,
     /// Present when launches are throttled.
     pub bucket: Option<Bucket>,
     controller: Once,
@@ -37,6 +38,16 @@ pub struct Hook {
     nvml_tried: Once,
     /// Mean blocks of a kernel launch (a graph launch is charged one such launch).
     pub mean_cost: std::sync::atomic::AtomicU64,
+}
+
+/// VMM handles' mappings: a released handle's memory is the driver's until its last mapping
+/// goes.
+#[derive(Default)]
+struct Vmm {
+    /// Handle -> (mappings, released).
+    handles: HashMap<u64, (u32, bool)>,
+    /// Mapped address -> (size, handle).
+    maps: std::collections::BTreeMap<u64, (u64, u64)>,
 }
 
 static HOOK: OnceLock<Option<Hook>> = OnceLock::new();
@@ -92,6 +103,7 @@ impl Hook {
             config,
             account: RwLock::new(account),
             allocs: Mutex::new(HashMap::new()),
+            vmm: Mutex::new(Vmm::default()),
             bucket,
             controller: Once::new(),
             nvml: Mutex::new(None),
@@ -142,6 +154,46 @@ impl Hook {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert((kind, id), bytes);
         }
+    }
+
+    /// A VMM handle was mapped at `va`.
+    pub fn vmm_mapped(&self, va: u64, size: u64, handle: u64) {
+        let mut v = self.vmm.lock().unwrap_or_else(|p| p.into_inner());
+        v.handles.entry(handle).or_default().0 += 1;
+        v.maps.insert(va, (size, handle));
+    }
+
+    /// A VMM handle was released: whether its memory goes now (it is mapped nowhere).
+    pub fn vmm_released(&self, handle: u64) -> bool {
+        let mut v = self.vmm.lock().unwrap_or_else(|p| p.into_inner());
+        match v.handles.get_mut(&handle) {
+            Some((maps, released)) if *maps > 0 => {
+                *released = true;
+                false
+            }
+            _ => {
+                v.handles.remove(&handle);
+                true
+            }
+        }
+    }
+
+    /// `[va, va + size)` was unmapped: the released handles whose last mapping that was.
+    pub fn vmm_unmapped(&self, va: u64, size: u64) -> Vec<u64> {
+        let mut v = self.vmm.lock().unwrap_or_else(|p| p.into_inner());
+        let gone: Vec<u64> = v.maps.range(va..va.saturating_add(size)).map(|(a, _)| *a).collect();
+        let mut free = Vec::new();
+        for a in gone {
+            let Some((_, handle)) = v.maps.remove(&a) else { continue };
+            if let Some((maps, released)) = v.handles.get_mut(&handle) {
+                *maps = maps.saturating_sub(1);
+                if *maps == 0 && *released {
+                    v.handles.remove(&handle);
+                    free.push(handle);
+                }
+            }
+        }
+        free
     }
 
     /// Forgets a freed allocation and gives its bytes back.

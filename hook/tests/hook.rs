@@ -402,3 +402,27 @@ fn rtld_next_lookups_stay_relative_to_their_caller() {
     let (ok, text) = run(Command::new(out("next_main")).env("LD_PRELOAD", &preload));
     assert!(ok && text == "interposed: hello\n", "{text}");
 }
+
+/// Virtual memory management as ggml-cuda (llama.cpp, Ollama) uses it: `cuMemRelease` right after
+/// `cuMemMap`. The driver keeps the memory until the last unmap (the fake does too, checked
+/// without the hook), and so does the hook's count: it is not given back at the release.
+#[test]
+fn vmm_memory_released_while_mapped_stays_counted_until_unmapped() {
+    let field = |kv: &BTreeMap<String, String>, k: &str| num(kv, k);
+    let (kv, _) = Container::new(None).run("client_dl", &["vmm", "1024"]);
+    assert_eq!(
+        (field(&kv, "released_used_mib"), field(&kv, "unmapped_used_mib")),
+        (1024.0, 0.0),
+        "the fake driver: {kv:?}"
+    );
+    for client in ["client_linked", "client_dl"] {
+        let c = Container::limited(4096, None);
+        let (kv, _) = c.run(client, &["vmm", "1024"]);
+        assert_eq!(num(&kv, "release"), 0.0, "{client}: {kv:?}");
+        assert_eq!(
+            (field(&kv, "released_used_mib"), field(&kv, "unmapped_used_mib")),
+            (1024.0, 0.0),
+            "{client}: {kv:?}"
+        );
+    }
+}

@@ -7,6 +7,7 @@
  *   fill MIB [HOLD_MS]         allocate MIB chunks until refused; hold; free all
  *   threads N MIB              N threads each allocate MIB chunks until refused
  *   kinds                      one allocation of each kind, then all freed
+ *   vmm MIB                    cuMemCreate, cuMemMap, cuMemRelease, then cuMemUnmap
  *   legacy MIB                 the pre-3.2 cuMemAlloc (32-bit), which the hook must not wrap
  *   launch MS BLOCKS           launch kernels of BLOCKS blocks for MS ms; busy share of the
  *                              fake GPU over the second half */
@@ -33,6 +34,8 @@ struct api {
     CUresult (*free_async)(CUdeviceptr, H);
     CUresult (*create)(unsigned long long *, size_t, const void *, unsigned long long);
     CUresult (*release)(unsigned long long);
+    CUresult (*map)(CUdeviceptr, size_t, size_t, unsigned long long, unsigned long long);
+    CUresult (*unmap)(CUdeviceptr, size_t);
     CUresult (*array)(H *, const void *);
     CUresult (*array3d)(H *, const void *);
     CUresult (*array_destroy)(H);
@@ -56,6 +59,8 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, H, H);
 CUresult cuMemFreeAsync(CUdeviceptr, H);
 CUresult cuMemCreate(unsigned long long *, size_t, const void *, unsigned long long);
 CUresult cuMemRelease(unsigned long long);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, unsigned long long, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
 CUresult cuArrayCreate_v2(H *, const void *);
 CUresult cuArray3DCreate_v2(H *, const void *);
 CUresult cuArrayDestroy(H);
@@ -97,6 +102,8 @@ static void load(void) {
     R(free_async, "cuMemFreeAsync", cuMemFreeAsync);
     R(create, "cuMemCreate", cuMemCreate);
     R(release, "cuMemRelease", cuMemRelease);
+    R(map, "cuMemMap", cuMemMap);
+    R(unmap, "cuMemUnmap", cuMemUnmap);
     R(array, "cuArrayCreate", cuArrayCreate_v2);
     R(array3d, "cuArray3DCreate", cuArray3DCreate_v2);
     R(array_destroy, "cuArrayDestroy", cuArrayDestroy);
@@ -177,6 +184,17 @@ int main(int argc, char **argv) {
         api.array_destroy(arr);
         api.array_destroy(arr3);
         printf("after_free=%llu\n", used() - base);
+    } else if (!strcmp(cmd, "vmm")) {
+        /* ggml-cuda's pattern: create, map, release at once; the memory stays until unmapped. */
+        unsigned long long n = strtoull(argv[2], NULL, 10) * MIB, h;
+        CUdeviceptr va = 0x7f0000000000ull;
+        unsigned long long base = used();
+        printf("create=%d\n", api.create(&h, n, NULL, 0));
+        printf("map=%d\n", api.map(va, n, 0, h, 0));
+        int r = api.release(h);
+        printf("release=%d released_used_mib=%llu\n", r, (used() - base) / MIB);
+        r = api.unmap(va, n);
+        printf("unmap=%d unmapped_used_mib=%llu\n", r, (used() - base) / MIB);
     } else if (!strcmp(cmd, "legacy")) {
         CUresult (*legacy)(unsigned *, unsigned) = NULL;
         int st;

@@ -11,6 +11,7 @@ typedef unsigned long long CUdeviceptr;
 typedef void *H;
 #define OK 0
 #define OOM 2
+#define INVALID 1
 #define NOT_FOUND 500
 
 #define MAXA 65536
@@ -125,11 +126,54 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, u
 CUresult cuMemFree_v2(CUdeviceptr p) { return give(p); }
 CUresult cuMemFreeAsync(CUdeviceptr p, H s) { (void)s; return give(p); }
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, H s) { (void)s; return give(p); }
+/* Virtual memory management as the driver does it: a handle's memory stays while any mapping of
+ * it exists, even after cuMemRelease (ggml-cuda releases right after mapping), and goes with the
+ * last unmap. Handles and mappings are the process's own. */
+#define MAX_VMM 256
+static struct { uint64_t h; int maps; int released; } vmm_handles[MAX_VMM];
+static struct { uint64_t va, size, h; } vmm_maps[MAX_VMM];
+static int vmm_slot(uint64_t h) {
+    for (int i = 0; i < MAX_VMM; i++) if (vmm_handles[i].h == h) return i;
+    return -1;
+}
 CUresult cuMemCreate(unsigned long long *h, size_t n, const void *prop, unsigned long long f) {
     (void)prop; (void)f;
-    uint64_t id; CUresult r = take(n, &id); if (r == OK) *h = id; return r;
+    uint64_t id; CUresult r = take(n, &id);
+    if (r != OK) return r;
+    int i = vmm_slot(0);
+    if (i < 0) { give(id); return OOM; }
+    vmm_handles[i].h = id; vmm_handles[i].maps = 0; vmm_handles[i].released = 0;
+    *h = id;
+    return OK;
 }
-CUresult cuMemRelease(unsigned long long h) { return give(h); }
+CUresult cuMemRelease(unsigned long long h) {
+    int i = vmm_slot(h);
+    if (i < 0) return give(h);
+    if (vmm_handles[i].maps > 0) { vmm_handles[i].released = 1; return OK; }
+    vmm_handles[i].h = 0;
+    return give(h);
+}
+CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, unsigned long long h, unsigned long long f) {
+    (void)offset; (void)f;
+    int i = vmm_slot(h), m = -1;
+    for (int j = 0; j < MAX_VMM && m < 0; j++) if (!vmm_maps[j].size) m = j;
+    if (i < 0 || m < 0 || vmm_handles[i].released) return INVALID;
+    vmm_maps[m].va = va; vmm_maps[m].size = size; vmm_maps[m].h = h;
+    vmm_handles[i].maps++;
+    return OK;
+}
+CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
+    for (int j = 0; j < MAX_VMM; j++) {
+        if (!vmm_maps[j].size || vmm_maps[j].va < va || vmm_maps[j].va >= va + size) continue;
+        int i = vmm_slot(vmm_maps[j].h);
+        vmm_maps[j].size = 0;
+        if (i >= 0 && --vmm_handles[i].maps == 0 && vmm_handles[i].released) {
+            give(vmm_handles[i].h);
+            vmm_handles[i].h = 0;
+        }
+    }
+    return OK;
+}
 struct desc { size_t w, h; unsigned fmt, ch; };
 struct desc3 { size_t w, h, d; unsigned fmt, ch, flags; };
 static uint64_t fmt_bytes(unsigned f) { return (f == 1 || f == 8) ? 1 : (f == 2 || f == 9 || f == 0x10) ? 2 : 4; }
@@ -197,6 +241,7 @@ static void *lookup(const char *s, int version, unsigned long long flags) {
     P("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz)
     E("cuMemFree", cuMemFree_v2) P("cuMemFreeAsync", cuMemFreeAsync, cuMemFreeAsync_ptsz)
     E("cuMemCreate", cuMemCreate) E("cuMemRelease", cuMemRelease)
+    E("cuMemMap", cuMemMap) E("cuMemUnmap", cuMemUnmap)
     E("cuArrayCreate", cuArrayCreate_v2) E("cuArray3DCreate", cuArray3DCreate_v2) E("cuArrayDestroy", cuArrayDestroy)
     E("cuMemGetInfo", cuMemGetInfo_v2) E("cuDeviceTotalMem", cuDeviceTotalMem_v2)
     P("cuLaunchKernel", cuLaunchKernel, cuLaunchKernel_ptsz) P("cuLaunchKernelEx", cuLaunchKernelEx, cuLaunchKernelEx_ptsz)
