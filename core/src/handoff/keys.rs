@@ -110,9 +110,13 @@ impl SigningKeys {
     /// active key id. Hidden entries (the Secret volume's `..data` links) are skipped.
     pub fn from_dir(dir: &Path) -> Result<Self, KeyError> {
         let read = |path: PathBuf| std::fs::read(&path).map_err(|source| KeyError::Read { path, source });
+        // A text key (`--from-literal`, `echo ... > k1`) loses its line end; a binary key
+        // (`head -c 32 /dev/urandom`) keeps every byte, a final 0x0a or 0x0d included (one
+        // random key in 128 ends so). Text: printable ASCII before the line end.
         let trim = |mut v: Vec<u8>| {
-            while v.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-                v.pop();
+            let body = v.iter().rposition(|b| *b != b'\n' && *b != b'\r').map_or(0, |i| i + 1);
+            if v[..body].iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+                v.truncate(body);
             }
             v
         };

@@ -173,6 +173,22 @@ fn keys_load_from_a_secret_volume() {
     assert!(!format!("{k:?}").contains("yyyy"), "debug never prints key bytes");
 }
 
+/// `head -c 32 /dev/urandom` ends in 0x0a or 0x0d once in 128 keys: such a key keeps all its
+/// bytes (it used to lose them, leaving 31, and every signer and verifier refused to start).
+#[test]
+fn a_binary_key_ending_in_a_line_end_keeps_every_byte() {
+    for last in [b'\n', b'\r'] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut key: Vec<u8> = (0u8..31).map(|i| i.wrapping_mul(37) ^ 0x80).collect();
+        key.push(last);
+        std::fs::write(dir.path().join("active"), "k1\n").unwrap();
+        std::fs::write(dir.path().join("k1"), &key).unwrap();
+        let k = SigningKeys::from_dir(dir.path()).unwrap();
+        let expected = SigningKeys::new("k1", [("k1".to_string(), key.clone())]).unwrap();
+        assert_eq!(k.sign(&sample()), expected.sign(&sample()));
+    }
+}
+
 fn arb_device() -> impl Strategy<Value = AllocatedDevice> {
     prop_oneof![
         ("[a-f0-9]{8}", 0u32..16, 1u32..=100, 1u64..100_000, any::<bool>()).prop_map(|(u, i, c, m, ex)| {
