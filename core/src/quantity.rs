@@ -94,7 +94,7 @@ impl Amount {
         } else {
             // Kubernetes rounds sub-nano precision up.
             let div = 10i128.checked_pow((-exp) as u32).ok_or(QuantityError::Overflow)?;
-            nanos = (nanos + div - 1) / div;
+            nanos = nanos.saturating_add(div - 1) / div;
         }
         nanos = nanos.checked_mul(1i128 << exp2).ok_or(QuantityError::Overflow)?;
         if sign < 0 && nanos != 0 {
@@ -105,13 +105,14 @@ impl Amount {
 
     /// The amount in thousandths, rounded up (CPU millicores).
     pub fn milli_ceil(self) -> u64 {
-        let m = (self.nanos + 999_999) / 1_000_000;
+        // Saturating: an amount near i128's end must not wrap (release) or panic (debug).
+        let m = self.nanos.saturating_add(999_999) / 1_000_000;
         u64::try_from(m).unwrap_or(u64::MAX)
     }
 
     /// The amount rounded up to a whole unit (bytes).
     pub fn ceil(self) -> u64 {
-        u64::try_from((self.nanos + NANO - 1) / NANO).unwrap_or(u64::MAX)
+        u64::try_from(self.nanos.saturating_add(NANO - 1) / NANO).unwrap_or(u64::MAX)
     }
 
     /// The amount as a whole number, or `None` when it has a fractional part.
@@ -161,10 +162,33 @@ mod tests {
         assert!(Amount::parse("99999999999999999999999999999999999").is_err());
     }
 
+    #[test]
+    fn an_amount_at_the_end_of_the_range_rounds_without_overflow() {
+        // 884,105,727 nano-units short of i128::MAX: rounding up to a whole unit used to add
+        // past the end (a panic in debug builds, a wrapped, negative amount in release).
+        let a = Amount::parse("170141183460469231731687303715").unwrap();
+        assert_eq!(a.ceil(), u64::MAX);
+        assert_eq!(a.milli_ceil(), u64::MAX);
+    }
+
     proptest::proptest! {
         #[test]
         fn never_panics(s in ".{0,40}") {
             let _ = Amount::parse(&s);
+        }
+
+        /// Large, well-formed amounts of every suffix: parsing and every conversion stay
+        /// total (the rounding once added past i128's end).
+        #[test]
+        fn conversions_never_overflow(
+            digits in "[1-9][0-9]{0,29}",
+            frac in "[0-9]{0,12}",
+            suffix in proptest::sample::select(vec!["", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "e18", "e-30"]),
+        ) {
+            let text = if frac.is_empty() { format!("{digits}{suffix}") } else { format!("{digits}.{frac}{suffix}") };
+            if let Ok(a) = Amount::parse(&text) {
+                let _ = (a.milli_ceil(), a.ceil(), a.as_integer());
+            }
         }
 
         #[test]

@@ -25,6 +25,11 @@ use crate::policy::PolicyKind;
 use crate::quantity::{Amount, QuantityError};
 use crate::topology::LinkRequirement;
 
+/// The most GPUs or MIG devices of one profile a container may ask for: more than any node has
+/// (16 cards of 7 MIG devices). Larger counts are refused as they are parsed, before placement
+/// or a claim's bookkeeping would count to them.
+pub const MAX_DEVICES_PER_CONTAINER: u32 = 128;
+
 /// MiB in one GiB, the default `tessera.io/gpu-memory` unit.
 pub const DEFAULT_MEMORY_UNIT_MIB: u64 = 1024;
 
@@ -168,9 +173,10 @@ pub enum RequestError {
         resource: String,
         value: String,
     },
-    /// gpu-core outside 1..=100 and not a multiple of 100.
+    /// gpu-core outside 1..=100 and not a multiple of 100 (or more whole GPUs than
+    /// [`MAX_DEVICES_PER_CONTAINER`]).
     #[error(
-        "container {container:?}: {RESOURCE_GPU_CORE}={value} is invalid: use 1..=100 for a share of one GPU or a multiple of 100 for whole GPUs"
+        "container {container:?}: {RESOURCE_GPU_CORE}={value} is invalid: use 1..=100 for a share of one GPU or a multiple of 100 for whole GPUs (at most {MAX_DEVICES_PER_CONTAINER} GPUs)"
     )]
     CoreOutOfRange { container: String, value: u64 },
     /// requests and limits disagree for a Tessera resource.
@@ -206,7 +212,7 @@ pub enum RequestError {
         value: String,
         reason: crate::mig::BadMigProfile,
     },
-    /// A memory amount that overflows.
+    /// An amount that overflows, or more devices than [`MAX_DEVICES_PER_CONTAINER`].
     #[error("container {container:?}: {resource}={value:?} is too large")]
     TooLarge {
         container: String,
@@ -308,11 +314,15 @@ impl ContainerRequest {
                     value: raw.clone(),
                     reason,
                 })?;
-                let count = u32::try_from(value).map_err(|_| RequestError::TooLarge {
-                    container: name.to_string(),
-                    resource: resource.clone(),
-                    value: raw.clone(),
-                })?;
+                // More than any node has: refused here, before anything counts to it.
+                let count = u32::try_from(value)
+                    .ok()
+                    .filter(|c| *c <= MAX_DEVICES_PER_CONTAINER)
+                    .ok_or_else(|| RequestError::TooLarge {
+                        container: name.to_string(),
+                        resource: resource.clone(),
+                        value: raw.clone(),
+                    })?;
                 mig.push((MigDemand { profile, count }, resource.clone(), raw));
             } else {
                 return Err(RequestError::UnknownResource {
@@ -363,10 +373,13 @@ impl ContainerRequest {
                     memory_mib,
                 }),
                 Some((value, _)) if value % 100 == 0 => GpuDemand::Whole {
-                    cards: u32::try_from(value / 100).map_err(|_| RequestError::CoreOutOfRange {
-                        container: name.to_string(),
-                        value,
-                    })?,
+                    cards: u32::try_from(value / 100)
+                        .ok()
+                        .filter(|c| *c <= MAX_DEVICES_PER_CONTAINER)
+                        .ok_or_else(|| RequestError::CoreOutOfRange {
+                            container: name.to_string(),
+                            value,
+                        })?,
                     min_memory_mib: memory_mib,
                 },
                 Some((value, _)) => {

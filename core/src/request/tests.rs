@@ -340,3 +340,23 @@ fn a_hundred_percent_without_memory_is_one_whole_gpu() {
         })
     );
 }
+
+/// Counts no node could ever serve are refused as they are parsed, quickly: a MIG count of four
+/// billion once made a claim's bookkeeping build a list that long under the ledger's lock.
+#[test]
+fn device_counts_past_any_node_are_refused_at_parsing() {
+    let t = std::time::Instant::now();
+    let e = gpu_of(&[("tessera.io/mig-1g.10gb", "4000000000")]).unwrap_err();
+    assert!(matches!(e, RequestError::TooLarge { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains("tessera.io/mig-1g.10gb=\"4000000000\" is too large"),
+        "{e}"
+    );
+    assert!(gpu_of(&[("tessera.io/mig-1g.10gb", "129")]).is_err());
+    assert!(gpu_of(&[("tessera.io/mig-1g.10gb", "128")]).is_ok());
+    let e = gpu_of(&[("tessera.io/gpu-core", "400000000")]).unwrap_err();
+    assert!(matches!(e, RequestError::CoreOutOfRange { .. }), "{e}");
+    assert!(gpu_of(&[("tessera.io/gpu-core", "12800")]).is_ok());
+    assert!(t.elapsed() < std::time::Duration::from_millis(100), "{:?}", t.elapsed());
+}
