@@ -178,6 +178,17 @@ enum Command {
     },
 }
 
+/// A command whose output goes to a reader that may stop early (`| head`) ends quietly when it
+/// does, as Unix tools do (Rust ignores SIGPIPE, so a print would panic). Only for commands
+/// that print: a server keeps SIGPIPE ignored, its socket writes get errors instead.
+fn quiet_on_closed_stdout() {
+    // SAFETY: restoring the default disposition of one signal, before any thread that could
+    // race on it prints.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -191,6 +202,7 @@ async fn main() -> anyhow::Result<()> {
             enforcement,
             output,
         } => {
+            quiet_on_closed_stdout();
             let inventory = source.source().discover().context("reading the GPU inventory")?;
             enforcement.install_hook()?;
             let mut opts = enforcement.spec(&source.dev_root);
@@ -221,6 +233,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Driver { source, json } => {
+            quiet_on_closed_stdout();
             let driver = source.nvml().driver();
             if json {
                 println!("{}", serde_json::to_string_pretty(&driver_report::json(&driver))?);
@@ -233,6 +246,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Topology { source, json } => {
+            quiet_on_closed_stdout();
             let inventory = source.source().discover().context("reading the GPU inventory")?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&topology_report::json(&inventory))?);

@@ -246,6 +246,17 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A command whose output goes to a reader that may stop early (`| head`) ends quietly when it
+/// does, as Unix tools do (Rust ignores SIGPIPE, so a print would panic). Only for commands
+/// that print: a server keeps SIGPIPE ignored, its socket writes get errors instead.
+fn quiet_on_closed_stdout() {
+    // SAFETY: restoring the default disposition of one signal, before any thread that could
+    // race on it prints.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -253,8 +264,14 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     match Cli::parse().command {
-        Command::Simulate(args) => simulate(args),
-        Command::Manifests(args) => manifests(args),
+        Command::Simulate(args) => {
+            quiet_on_closed_stdout();
+            simulate(args)
+        }
+        Command::Manifests(args) => {
+            quiet_on_closed_stdout();
+            manifests(args)
+        }
         Command::Serve(args) => tokio::runtime::Runtime::new()?.block_on(serve_cmd::serve(args)),
     }
 }

@@ -37,9 +37,21 @@ enum Command {
     },
 }
 
+/// A command whose output goes to a reader that may stop early (`| head`) ends quietly when it
+/// does, as Unix tools do (Rust ignores SIGPIPE, so a print would panic). Only for commands
+/// that print: a server keeps SIGPIPE ignored, its socket writes get errors instead.
+fn quiet_on_closed_stdout() {
+    // SAFETY: restoring the default disposition of one signal, before any thread that could
+    // race on it prints.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let cli = Cli::parse();
+    quiet_on_closed_stdout();
     // kube's rustls needs a process-wide crypto provider for https API servers.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = match kube::Client::try_default().await {

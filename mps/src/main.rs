@@ -133,12 +133,24 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A command whose output goes to a reader that may stop early (`| head`) ends quietly when it
+/// does, as Unix tools do (Rust ignores SIGPIPE, so a print would panic). Only for commands
+/// that print: a server keeps SIGPIPE ignored, its socket writes get errors instead.
+fn quiet_on_closed_stdout() {
+    // SAFETY: restoring the default disposition of one signal, before any thread that could
+    // race on it prints.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         // Before any thread exists: a mount namespace can only be entered single-threaded.
         Command::ExecDaemon { shm, parent, argv } => Err(tessera_mps::namespace::exec_with_shm(&shm, parent, &argv)),
         Command::Status { mps_root } => {
+            quiet_on_closed_stdout();
             let (text, ready) = tessera_mps::status::report(&MpsLayout::new(mps_root), std::time::SystemTime::now());
             print!("{text}");
             if !ready {

@@ -185,6 +185,17 @@ fn node_metrics(args: &RunArgs) -> tessera_nri_plugin::metrics::NodeMetrics {
     }
 }
 
+/// A command whose output goes to a reader that may stop early (`| head`) ends quietly when it
+/// does, as Unix tools do (Rust ignores SIGPIPE, so a print would panic). Only for commands
+/// that print: a server keeps SIGPIPE ignored, its socket writes get errors instead.
+fn quiet_on_closed_stdout() {
+    // SAFETY: restoring the default disposition of one signal, before any thread that could
+    // race on it prints.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -194,6 +205,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     if let Some(Command::Check(args)) = cli.command {
+        quiet_on_closed_stdout();
         return check(args);
     }
     // Launched by the runtime: the socket is an inherited fd, name and index come from the
