@@ -129,18 +129,47 @@ struct SimulateArgs {
     quiet: bool,
 }
 
+/// The most seeds one run takes (each seed is a full replay per policy).
+const MAX_SEEDS: u64 = 1000;
+
 fn parse_seeds(s: &str) -> anyhow::Result<Vec<u64>> {
     let bad = || format!("--seeds={s:?}: expected a range like 42..51 or a list like 42,43");
-    if let Some((a, b)) = s.split_once("..") {
+    let seeds: Vec<u64> = if let Some((a, b)) = s.split_once("..") {
         let (a, b): (u64, u64) = (a.trim().parse().with_context(bad)?, b.trim().parse().with_context(bad)?);
         if a > b {
             bail!(bad());
         }
-        return Ok((a..=b).collect());
+        if b - a >= MAX_SEEDS {
+            bail!(
+                "--seeds={s:?}: {} seeds; at most {MAX_SEEDS} in one run",
+                u128::from(b - a) + 1
+            );
+        }
+        (a..=b).collect()
+    } else {
+        s.split(',')
+            .map(|x| x.trim().parse::<u64>().with_context(bad))
+            .collect::<anyhow::Result<_>>()?
+    };
+    if seeds.len() as u64 > MAX_SEEDS {
+        bail!("--seeds={s:?}: {} seeds; at most {MAX_SEEDS} in one run", seeds.len());
     }
-    s.split(',')
-        .map(|x| x.trim().parse::<u64>().with_context(bad))
-        .collect()
+    if let Some(d) = seeds
+        .iter()
+        .enumerate()
+        .find_map(|(i, x)| seeds[..i].contains(x).then_some(x))
+    {
+        bail!("--seeds={s:?}: seed {d} given twice");
+    }
+    Ok(seeds)
+}
+
+/// Seeds as the user wrote them: a range when they follow each other.
+fn show_seeds(seeds: &[u64]) -> String {
+    match (seeds.first(), seeds.last()) {
+        (Some(a), Some(b)) if seeds.len() > 2 && b - a + 1 == seeds.len() as u64 => format!("{a}..{b}"),
+        _ => seeds.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+    }
 }
 
 fn peak_rss_mib() -> f64 {
@@ -157,6 +186,17 @@ fn peak_rss_mib() -> f64 {
 
 fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let seeds = parse_seeds(&args.seeds)?;
+    if args.threads == Some(0) {
+        bail!("--threads=0: at least 1");
+    }
+    if let Some(p) = args
+        .policies
+        .iter()
+        .enumerate()
+        .find_map(|(i, p)| args.policies[..i].contains(p).then_some(p))
+    {
+        bail!("--policies: {p} given twice");
+    }
     let nodes_path = args
         .nodes
         .clone()
@@ -177,18 +217,35 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         ),
         _ => bail!("give both --nodes and --pods, or --trace"),
     };
+    let source = nodes_path
+        .as_ref()
+        .map_or("the embedded default".to_string(), |p| p.display().to_string());
+    if nodes.iter().all(|n| n.gpus == 0) {
+        bail!(
+            "{source}: no node with a GPU ({} node(s)): nothing to place GPU tasks on",
+            nodes.len()
+        );
+    }
+    if tasks.is_empty() {
+        bail!(
+            "{}: no task to replay",
+            pods_path
+                .as_ref()
+                .map_or("the embedded default".to_string(), |p| p.display().to_string())
+        );
+    }
     let demands: Vec<PodDemand> = tasks.iter().map(trace::TraceTask::demand).collect();
     let scenario = Scenario::new(name.clone(), trace::cluster_of(&nodes), demands);
     let capacity = scenario.cluster.gpu_capacity_milli();
     let requested: u64 = scenario.tasks.iter().map(PodDemand::gpu_milli).sum();
     println!(
-        "{name}: {} nodes, {} GPUs, {} tasks ({:.1}% of GPU capacity); {} workload classes; seeds {:?}; policies {}",
+        "{name}: {} nodes, {} GPUs, {} tasks ({:.1}% of GPU capacity); {} workload classes; seeds {}; policies {}",
         nodes.len(),
         capacity / 1000,
         tasks.len(),
         100.0 * requested as f64 / capacity.max(1) as f64,
         scenario.workload.classes.len(),
-        seeds,
+        show_seeds(&seeds),
         args.policies
             .iter()
             .map(|p| p.to_string())

@@ -24,3 +24,59 @@ fn simulate_into_a_reader_that_stops_early_ends_quietly() {
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {stderr}", out.status);
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// Nonsense is refused, naming the flag or file and the value, before any work: no panic, no
+/// silent success, no million seeds printed.
+#[test]
+fn simulate_refuses_nonsense_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let header = "sn,cpu_milli,memory_mib,gpu,model\n";
+    let empty = dir.path().join("empty.csv");
+    std::fs::write(&empty, header).unwrap();
+    let no_gpu = dir.path().join("no-gpu.csv");
+    std::fs::write(&no_gpu, format!("{header}n1,64000,262144,0,P100\n")).unwrap();
+    let pods = dir.path().join("pods.csv");
+    std::fs::write(&pods, "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n").unwrap();
+    let (e, n, p) = (
+        empty.to_str().unwrap(),
+        no_gpu.to_str().unwrap(),
+        pods.to_str().unwrap(),
+    );
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (
+            vec!["--seeds", "42..18446744073709551615"],
+            "--seeds=\"42..18446744073709551615\": 18446744073709551574 seeds; at most 1000".into(),
+        ),
+        (vec!["--seeds", "42..1000000"], "at most 1000 in one run".into()),
+        (vec!["--seeds", "42,42"], "seed 42 given twice".into()),
+        (vec!["--threads", "0"], "--threads=0: at least 1".into()),
+        (vec!["--policies", "fgd,fgd"], "--policies: fgd given twice".into()),
+        (
+            vec!["--nodes", e, "--pods", p],
+            format!("{e}: no node with a GPU (0 node(s))"),
+        ),
+        (
+            vec!["--nodes", n, "--pods", p],
+            format!("{n}: no node with a GPU (1 node(s))"),
+        ),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_tessera-extender"))
+            .arg("simulate")
+            .args(&args)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&want) && !stderr.contains("panicked"),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: printed {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
