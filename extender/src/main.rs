@@ -65,6 +65,29 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
         "--replicas must be at least 1, got {}",
         args.replicas
     );
+    // A DNS-1123 label, as Kubernetes wants namespace names.
+    let ns = &args.namespace;
+    anyhow::ensure!(
+        !ns.is_empty()
+            && ns.len() <= 63
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-'),
+        "--namespace={ns:?}: not a namespace name (lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit)"
+    );
+    for (flag, image) in [("--image", &args.image), ("--scheduler-image", &args.scheduler_image)] {
+        if let Some(i) = image {
+            anyhow::ensure!(
+                !i.is_empty() && !i.contains(char::is_whitespace),
+                "{flag}={i:?}: not an image reference"
+            );
+        }
+    }
+    if let Some(r) = &args.driver_root {
+        anyhow::ensure!(r.starts_with('/'), "--driver-root={r:?}: must be an absolute host path");
+    }
     let opts = ManifestOptions {
         namespace: args.namespace,
         image: args.image.unwrap_or(d.image),

@@ -35,7 +35,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "mosaic")]
     gpu_policy: PolicyKind,
     /// MiB in one unit of `tessera.io/gpu-memory` (must match the device plugin).
-    #[arg(long, default_value_t = RequestOptions::default().memory_unit_mib)]
+    #[arg(long, default_value_t = RequestOptions::default().memory_unit_mib, value_parser = clap::value_parser!(u64).range(1..))]
     memory_unit_mib: u64,
     /// Largest request body, bytes (a `Nodes` list of a big cluster is large).
     #[arg(long, default_value_t = 64 << 20)]
@@ -59,7 +59,7 @@ pub struct ServeArgs {
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
     /// Lease duration, seconds.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
     lease_duration_s: u64,
     /// Do not serve ElasticGPU claims (for clusters without Tessera's CRDs); implies
     /// --no-webhook.
