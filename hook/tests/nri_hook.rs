@@ -72,14 +72,7 @@ fn image(work: &Path) -> anyhow::Result<std::path::PathBuf> {
         std::fs::copy(lib, dest)?;
     }
     let tar = work.join("image.tar");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/runtimes/oci-image.sh");
-    let st = Command::new("bash")
-        .arg(script)
-        .arg(&rootfs)
-        .arg(IMAGE)
-        .arg(&tar)
-        .status()?;
-    anyhow::ensure!(st.success(), "oci-image.sh failed");
+    tessera_tests::containerd::pack_image(&rootfs, IMAGE, &tar)?;
     Ok(tar)
 }
 

@@ -37,29 +37,11 @@ if [ -f "$ready" ] && [ -z "${TESSERA_REFRESH_NVIDIA:-}" ]; then
   exit 0
 fi
 
-apt_dir="$cache/apt"
-mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
-cat > "$apt_dir/sources.list" <<'LIST'
-deb http://deb.debian.org/debian bullseye main
-deb http://deb.debian.org/debian bookworm main non-free non-free-firmware
-deb http://deb.debian.org/debian trixie main non-free non-free-firmware
-LIST
-apt_opts=(
-  -o "Dir::Etc::SourceList=$apt_dir/sources.list"
-  -o "Dir::Etc::SourceParts=/dev/null"
-  -o "Dir::State::Lists=$apt_dir/lists"
-  -o "Dir::Cache=$apt_dir/cache"
-  -o "Debug::NoLocking=1"
-  -o "APT::Sandbox::User=root"
-)
-apt-get "${apt_opts[@]}" -qq update >/dev/null
-
-# Newest version of PACKAGE in SUITE whose version starts with PREFIX.
-pick() {
-  apt-cache "${apt_opts[@]}" madison "$1" | awk -F'|' -v suite="$2" -v prefix="$3" '
-    { gsub(/ /, "", $2); if (index($3, " " suite "/") && index($2, prefix) == 1) print $2 }' |
-    sort -V | tail -n 1
-}
+source "$here/../private-apt.sh"
+private_apt "$cache/apt" \
+  "deb http://deb.debian.org/debian bullseye main" \
+  "deb http://deb.debian.org/debian bookworm main non-free non-free-firmware" \
+  "deb http://deb.debian.org/debian trixie main non-free non-free-firmware"
 
 # Downloads PACKAGE=VERSION (once) and unpacks it into DEST.
 unpack() { # PACKAGE VERSION DEST

@@ -37,13 +37,7 @@ fn probe_image(work: &Path) -> anyhow::Result<PathBuf> {
         .status()?;
     anyhow::ensure!(st.success(), "cc {}", src.display());
     let tar = work.join("probe.tar");
-    let st = Command::new("bash")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("runtimes/oci-image.sh"))
-        .arg(&rootfs)
-        .arg(IMAGE)
-        .arg(&tar)
-        .status()?;
-    anyhow::ensure!(st.success(), "oci-image.sh failed");
+    tessera_tests::containerd::pack_image(&rootfs, IMAGE, &tar)?;
     Ok(tar)
 }
 

@@ -437,65 +437,39 @@ impl Root {
         resolve_in_root(&self.local, path)
     }
 
-    /// Files in `dir` (under the root) named `stem.so.*`, resolved to what they point at.
-    fn in_dir(&self, dir: &Path, stem: &str) -> Vec<PathBuf> {
-        let prefix = format!("{stem}.so.");
+    /// Files in `dir` (under the root, its links resolved) whose names `keep`, each resolved
+    /// to the file it is, sorted and without repeats; empty when there is no such directory.
+    fn matching(&self, dir: &Path, keep: impl Fn(&str) -> bool) -> Vec<PathBuf> {
         let Some(real) = self.resolve_dir(dir) else {
             return Vec::new();
         };
         let Ok(entries) = std::fs::read_dir(self.local.join(real.strip_prefix("/").unwrap_or(&real))) else {
             return Vec::new();
         };
-        let mut out: BTreeSet<PathBuf> = BTreeSet::new();
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&prefix)
-                && let Some(p) = self.resolve(&real.join(&name))
-            {
-                out.insert(p);
-            }
-        }
-        out.into_iter().collect()
-    }
-
-    /// Regular files in `dir` (under the root) named `lib*.so.<version>`, resolved.
-    fn versioned_in_dir(&self, dir: &Path, version: &str) -> Vec<PathBuf> {
-        let suffix = format!(".so.{version}");
-        let Some(real) = self.resolve_dir(dir) else {
-            return Vec::new();
-        };
-        let Ok(entries) = std::fs::read_dir(self.local.join(real.strip_prefix("/").unwrap_or(&real))) else {
-            return Vec::new();
-        };
-        let mut out: BTreeSet<PathBuf> = BTreeSet::new();
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("lib")
-                && name.ends_with(&suffix)
-                && let Some(p) = self.resolve(&real.join(&name))
-            {
-                out.insert(p);
-            }
-        }
-        out.into_iter().collect()
-    }
-
-    /// GSP firmware files (`gsp*.bin`) in `dir` under the root, resolved; empty when none.
-    fn firmware_in(&self, dir: &Path) -> Vec<PathBuf> {
-        let Some(real) = self.resolve_dir(dir) else {
-            return Vec::new();
-        };
-        let Ok(entries) = std::fs::read_dir(self.local.join(real.strip_prefix("/").unwrap_or(&real))) else {
-            return Vec::new();
-        };
-        let mut fw: Vec<PathBuf> = entries
+        let out: BTreeSet<PathBuf> = entries
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("gsp") && n.ends_with(".bin"))
+            .filter(|n| keep(n))
             .filter_map(|n| self.resolve(&real.join(n)))
             .collect();
-        fw.sort();
-        fw
+        out.into_iter().collect()
+    }
+
+    /// Files in `dir` named `stem.so.*`.
+    fn in_dir(&self, dir: &Path, stem: &str) -> Vec<PathBuf> {
+        let prefix = format!("{stem}.so.");
+        self.matching(dir, |n| n.starts_with(&prefix))
+    }
+
+    /// Files in `dir` named `lib*.so.<version>`.
+    fn versioned_in_dir(&self, dir: &Path, version: &str) -> Vec<PathBuf> {
+        let suffix = format!(".so.{version}");
+        self.matching(dir, |n| n.starts_with("lib") && n.ends_with(&suffix))
+    }
+
+    /// GSP firmware files (`gsp*.bin`) in `dir`.
+    fn firmware_in(&self, dir: &Path) -> Vec<PathBuf> {
+        self.matching(dir, |n| n.starts_with("gsp") && n.ends_with(".bin"))
     }
 
     /// A socket at `path` under the root, resolved.

@@ -203,7 +203,7 @@ impl Containerd {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Imports an OCI image-layout tarball (`tests/runtimes/oci-image.sh` makes them).
+    /// Imports an OCI image-layout tarball ([`pack_image`] makes them).
     pub fn import_image(&self, tar: &Path) -> anyhow::Result<()> {
         self.ctr(&["images", "import", &tar.display().to_string()])?;
         Ok(())
@@ -496,6 +496,20 @@ impl Drop for Containerd {
 
 async fn connect(socket: &Path) -> anyhow::Result<RuntimeServiceClient<Channel>> {
     Ok(RuntimeServiceClient::new(crate::uds::channel(socket).await?))
+}
+
+/// Packs a root filesystem directory as a one-layer OCI image named `name` into `tar`
+/// (`tests/runtimes/oci-image.sh`), for [`Containerd::import_image`].
+pub fn pack_image(rootfs: &Path, name: &str, tar: &Path) -> anyhow::Result<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("runtimes/oci-image.sh");
+    let st = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(rootfs)
+        .arg(name)
+        .arg(tar)
+        .status()?;
+    anyhow::ensure!(st.success(), "{} failed", script.display());
+    Ok(())
 }
 
 /// The text of a CRI log file (`<time> <stream> <P|F> <text>` lines).
