@@ -1,11 +1,28 @@
-# Sourced by the fetch scripts: Debian's apt, pointed at a private configuration under a cache
-# folder, so packages are looked up and downloaded without touching the system's apt
-# configuration and nothing is installed.
+# Sourced by the fetch scripts: a locked cache folder with a ready file, and Debian's apt
+# pointed at a private configuration in it, so packages are looked up and downloaded without
+# touching the system's apt configuration and nothing is installed.
 #
+#   open_cache DIR READY_NAME REFRESH
+#       makes and locks DIR (sets cache, ready); when READY_NAME exists there and REFRESH is
+#       empty, prints it (its `@` replaced by the cache's path) and exits: nothing to fetch
 #   private_apt DIR "deb http://deb.debian.org/debian SUITE COMPONENTS" ...
 #       sets apt_opts (for apt-get / apt-cache) and apt_dir, and updates the package lists
 #   pick PACKAGE SUITE PREFIX
 #       prints the newest version of PACKAGE in SUITE that starts with PREFIX
+
+open_cache() {
+  cache="$1"
+  mkdir -p "$cache"
+  cache="$(cd "$cache" && pwd)"
+  exec 9>"$cache/.lock"
+  flock 9
+  # The ready file names paths relative to the cache (`@`), so a copied cache works anywhere.
+  ready="$cache/$2"
+  if [ -f "$ready" ] && [ -z "$3" ]; then
+    sed "s|@|$cache|" "$ready"
+    exit 0
+  fi
+}
 
 private_apt() {
   apt_dir="$1"

@@ -24,20 +24,9 @@
 # Idempotent and safe to run concurrently; nothing outside CACHE_DIR is written.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-cache="${1:-${TESSERA_NVIDIA_CACHE:-$here/../../.cache/nvidia}}"
-mkdir -p "$cache"
-cache="$(cd "$cache" && pwd)"
-exec 9>"$cache/.lock"
-flock 9
-
-# Bump when the recipe changes. Paths are written relative to the cache (`@`).
-ready="$cache/ready-v4"
-if [ -f "$ready" ] && [ -z "${TESSERA_REFRESH_NVIDIA:-}" ]; then
-  sed "s|@|$cache|" "$ready"
-  exit 0
-fi
-
 source "$here/../private-apt.sh"
+# Bump the ready file when the recipe changes.
+open_cache "${1:-${TESSERA_NVIDIA_CACHE:-$here/../../.cache/nvidia}}" ready-v4 "${TESSERA_REFRESH_NVIDIA:-}"
 private_apt "$cache/apt" \
   "deb http://deb.debian.org/debian bullseye main" \
   "deb http://deb.debian.org/debian bookworm main non-free non-free-firmware" \

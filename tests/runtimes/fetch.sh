@@ -9,20 +9,9 @@
 # Prints one line per component: NAME VERSION PATH.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-cache="${1:-${TESSERA_RUNTIME_CACHE:-$here/../../.cache/runtimes}}"
-mkdir -p "$cache"
-cache="$(cd "$cache" && pwd)"
-exec 9>"$cache/.lock"
-flock 9
-
-# The ready file names paths relative to the cache (`@`), so a copied cache works anywhere.
-ready="$cache/ready-v3"
-if [ -f "$ready" ] && [ -z "${TESSERA_REFRESH_RUNTIMES:-}" ]; then
-  sed "s|@|$cache|" "$ready"
-  exit 0
-fi
-
 source "$here/../private-apt.sh"
+# Bump the ready file when the recipe changes.
+open_cache "${1:-${TESSERA_RUNTIME_CACHE:-$here/../../.cache/runtimes}}" ready-v3 "${TESSERA_REFRESH_RUNTIMES:-}"
 private_apt "$cache/apt" \
   "deb http://deb.debian.org/debian trixie main" \
   "deb http://deb.debian.org/debian sid main" \
