@@ -70,10 +70,11 @@ reals! {
     GRAPH_LAUNCH_PTSZ = c"cuGraphLaunch_ptsz";
     PRIMARY_CTX_RETAIN = c"cuDevicePrimaryCtxRetain";
     CTX_CREATE = c"cuCtxCreate_v2";
+    CTX_CREATE_V3 = c"cuCtxCreate_v3";
 }
 
 /// Every hook: the driver function it replaces and its own address.
-fn table() -> [(&'static Real, usize); 31] {
+fn table() -> [(&'static Real, usize); 32] {
     [
         (&GET_PROC_ADDRESS, cuGetProcAddress as *const () as usize),
         (&GET_PROC_ADDRESS_V2, cuGetProcAddress_v2 as *const () as usize),
@@ -109,6 +110,7 @@ fn table() -> [(&'static Real, usize); 31] {
         (&GRAPH_LAUNCH_PTSZ, cuGraphLaunch_ptsz as *const () as usize),
         (&PRIMARY_CTX_RETAIN, cuDevicePrimaryCtxRetain as *const () as usize),
         (&CTX_CREATE, cuCtxCreate_v2 as *const () as usize),
+        (&CTX_CREATE_V3, cuCtxCreate_v3 as *const () as usize),
     ]
 }
 
@@ -734,4 +736,21 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, dev: CuDevic
 pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut Handle, flags: c_uint, dev: CuDevice) -> CuResult {
     type F = unsafe extern "C" fn(*mut Handle, c_uint, CuDevice) -> CuResult;
     with_discovery(hook(), || call!(CTX_CREATE, F, ctx, flags, dev))
+}
+
+/// What `cuGetProcAddress("cuCtxCreate")` hands out from CUDA 11.4 on (the real 535 libcuda
+/// answers `cuCtxCreate_v3` at 11040, 12000 and 12020): contexts with execution affinity.
+///
+/// # Safety
+/// As the driver's `cuCtxCreate_v3`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    ctx: *mut Handle,
+    params: *mut c_void,
+    num_params: c_int,
+    flags: c_uint,
+    dev: CuDevice,
+) -> CuResult {
+    type F = unsafe extern "C" fn(*mut Handle, *mut c_void, c_int, c_uint, CuDevice) -> CuResult;
+    with_discovery(hook(), || call!(CTX_CREATE_V3, F, ctx, params, num_params, flags, dev))
 }

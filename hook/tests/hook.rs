@@ -426,3 +426,17 @@ fn vmm_memory_released_while_mapped_stays_counted_until_unmapped() {
         );
     }
 }
+
+/// `cuCtxCreate` looked up as CUDA 11.4+ runtimes do resolves to `cuCtxCreate_v3` (so the real
+/// 535 libcuda answers, and the fake as it): the hook hands out its own, so such processes are
+/// seen creating contexts (host-pid discovery).
+#[test]
+fn cu_ctx_create_at_cuda_12_is_hooked() {
+    let c = Container::limited(4096, Some(50));
+    for client in ["client_dl", "client_linked"] {
+        let (kv, _) = c.run(client, &["ctx"]);
+        assert_eq!(kv.get("ctx").map(String::as_str), Some("0"), "{client}: {kv:?}");
+        let from = kv.get("ctx_from").cloned().unwrap_or_default();
+        assert!(from.starts_with("libtessera_cuda_hook"), "{client}: {kv:?}");
+    }
+}

@@ -8,9 +8,11 @@
  *   threads N MIB              N threads each allocate MIB chunks until refused
  *   kinds                      one allocation of each kind, then all freed
  *   vmm MIB                    cuMemCreate, cuMemMap, cuMemRelease, then cuMemUnmap
+ *   ctx                        cuCtxCreate looked up at 12080 (the _v3 entry) and called
  *   legacy MIB                 the pre-3.2 cuMemAlloc (32-bit), which the hook must not wrap
  *   launch MS BLOCKS           launch kernels of BLOCKS blocks for MS ms; busy share of the
  *                              fake GPU over the second half */
+#define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -195,6 +197,15 @@ int main(int argc, char **argv) {
         printf("release=%d released_used_mib=%llu\n", r, (used() - base) / MIB);
         r = api.unmap(va, n);
         printf("unmap=%d unmapped_used_mib=%llu\n", r, (used() - base) / MIB);
+    } else if (!strcmp(cmd, "ctx")) {
+        /* cuCtxCreate as the CUDA 12 runtime looks it up; which library answers it. */
+        CUresult (*create)(H *, void *, int, unsigned, int) = NULL;
+        int st;
+        gpa("cuCtxCreate", (void **)&create, 12080, 0, &st);
+        H c;
+        Dl_info info;
+        int r = create ? create(&c, NULL, 0, 0, 0) : -1;
+        printf("ctx=%d ctx_from=%s\n", r, create && dladdr((void *)create, &info) && info.dli_fname ? strrchr(info.dli_fname, '/') + 1 : "none");
     } else if (!strcmp(cmd, "legacy")) {
         CUresult (*legacy)(unsigned *, unsigned) = NULL;
         int st;

@@ -109,6 +109,7 @@ static CUresult ctx(H *c) {
 }
 CUresult cuDevicePrimaryCtxRetain(H *c, int dev) { (void)dev; return ctx(c); }
 CUresult cuCtxCreate_v2(H *c, unsigned flags, int dev) { (void)flags; (void)dev; return ctx(c); }
+CUresult cuCtxCreate_v3(H *c, void *params, int n, unsigned flags, int dev) { (void)params; (void)n; (void)flags; (void)dev; return ctx(c); }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { uint64_t id; CUresult r = take(n, &id); if (r == OK) *p = id; return r; }
 /* The pre-3.2 entry point: 32-bit pointers, another signature (the hook must not wrap it). */
@@ -235,7 +236,9 @@ static void *lookup(const char *s, int version, unsigned long long flags) {
 #define P(name, fn, fnp) if (!strcmp(s, name)) return ptds ? (void *)(fnp) : (void *)(fn);
     if (!strcmp(s, "cuMemAlloc")) return version >= 3020 ? (void *)cuMemAlloc_v2 : (void *)cuMemAlloc;
     E("cuInit", cuInit) E("cuDeviceGet", cuDeviceGet)
-    E("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain) E("cuCtxCreate", cuCtxCreate_v2)
+    E("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain)
+    /* As the real 535 libcuda answers: cuCtxCreate_v3 from 11040 on. */
+    if (!strcmp(s, "cuCtxCreate")) return version >= 11040 ? (void *)cuCtxCreate_v3 : (void *)cuCtxCreate_v2;
     E("cuMemAllocManaged", cuMemAllocManaged) E("cuMemAllocPitch", cuMemAllocPitch_v2)
     P("cuMemAllocAsync", cuMemAllocAsync, cuMemAllocAsync_ptsz)
     P("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz)
