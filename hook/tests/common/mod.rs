@@ -1,6 +1,9 @@
 //! Builds the fakes and the client with `cc` (once per test binary) and finds the hook library
 //! cargo built.
 
+// Shared by several test crates, each of which uses part of it.
+#![allow(dead_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
