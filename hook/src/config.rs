@@ -1,5 +1,6 @@
 //! The container's limits, from the file the NRI plugin writes (`key=value` lines, mounted
-//! read-only at [`DEFAULT_CONFIG`]). A missing or broken file means pass-through.
+//! read-only at [`DEFAULT_CONFIG`]). No file means pass-through (a container without a share);
+//! a file that cannot be read or parsed means no GPU memory ([`Config::closed`]).
 
 use std::path::{Path, PathBuf};
 
@@ -27,6 +28,17 @@ pub struct Config {
 }
 
 impl Config {
+    /// What a container whose configuration exists but cannot be read is held to: no memory.
+    pub fn closed() -> Self {
+        Self {
+            uuid: String::new(),
+            memory_limit: Some(0),
+            core_limit: None,
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            card_lock: None,
+        }
+    }
+
     /// Parses the file's text; the error names the key and value.
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut uuid = None;

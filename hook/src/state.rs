@@ -65,10 +65,12 @@ pub fn hook() -> Option<&'static Hook> {
         Ok(Some(config)) => Some(Hook::new(config)),
         Ok(None) => None,
         Err(e) => {
+            // The container has limits but they cannot be read: it gets no GPU memory rather
+            // than all of it.
             BROKEN.print(format_args!(
-                "configuration unusable ({e}): CUDA calls pass through unlimited"
+                "configuration unusable ({e}): refusing GPU memory allocations"
             ));
-            None
+            Some(Hook::new(Config::closed()))
         }
     })
     .as_ref()
@@ -88,7 +90,9 @@ pub fn protect<T>(fallback: T, f: impl FnOnce() -> T) -> T {
 
 impl Hook {
     fn new(config: Config) -> Self {
-        let account = config.memory_limit.and_then(|limit| {
+        // No accounting for a limit of nothing (a closed configuration): every allocation is
+        // refused without touching any file.
+        let account = config.memory_limit.filter(|l| *l > 0).and_then(|limit| {
             Accounting::open(&config.state_dir, limit, pid())
                 .map_err(|e| {
                     BROKEN.print(format_args!(

@@ -64,7 +64,11 @@ impl Container {
             std::fs::write(&card_lock, "").unwrap();
             let state = self.state_dir.clone().unwrap_or_else(|| self.dir.path().join("state"));
             let c = format!("{c}state_dir={}\ncard_lock={}\n", state.display(), card_lock.display());
-            std::fs::write(&path, c).unwrap();
+            // Atomically, as the NRI plugin writes it: a process of an earlier command of this
+            // container may be reading it now.
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, c).unwrap();
+            std::fs::rename(&tmp, &path).unwrap();
             cmd.env("TESSERA_HOOK_CONFIG", path);
         }
         cmd
@@ -170,18 +174,21 @@ fn every_allocation_kind_is_counted_and_freed() {
 }
 
 #[test]
-fn without_a_configuration_calls_pass_through() {
+fn without_a_configuration_calls_pass_through_and_a_broken_one_refuses() {
     // No configuration: the whole fake card.
     let c = Container::new(None);
     let (kv, stderr) = c.run("client_dl", &["fill", "1024"]);
     assert_eq!(num(&kv, "allocated_mib"), GPU_MIB as f64);
     assert!(stderr.is_empty(), "{stderr}");
-    // A broken one: the same, said once.
+    // A broken one: no memory (not the whole card), said once.
     let c = Container::new(Some("uuid=GPU-1\nmemory_limit_mib=lots\n"));
     let (kv, stderr) = c.run("client_linked", &["fill", "1024"]);
-    assert_eq!(num(&kv, "allocated_mib"), GPU_MIB as f64);
+    assert_eq!(num(&kv, "allocated_mib"), 0.0);
     assert_eq!(stderr.matches("tessera-cuda-hook:").count(), 1, "{stderr}");
-    assert!(stderr.contains("memory_limit_mib=\"lots\""), "{stderr}");
+    assert!(
+        stderr.contains("memory_limit_mib=\"lots\"") && stderr.contains("refusing"),
+        "{stderr}"
+    );
 }
 
 #[test]
