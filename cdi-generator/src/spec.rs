@@ -255,15 +255,20 @@ pub fn build(inv: &NodeInventory, opts: &SpecOptions) -> CdiSpec {
 }
 
 /// The spec's mount sources that do not exist, read below `host_root` (where this process sees
-/// the host's `/`), in the spec's order. The driver bundle of `opts` is not read there: it was
-/// made by this process at its host path. Device nodes are not checked: runc creates a missing
-/// one from its major and minor numbers.
+/// the host's `/`), in the spec's order: the driver's files, which must be on the node now. Not
+/// checked: the driver bundle of `opts` (made by this process at its host path), the MPS and
+/// hook directories (the node's agents make them at run time, after a reboot too; a share whose
+/// card's daemon is not ready is refused at creation anyway), and device nodes (runc creates a
+/// missing one from its major and minor numbers).
 pub fn missing_host_paths(spec: &CdiSpec, opts: &SpecOptions, host_root: &Path) -> Vec<String> {
     let edits = std::iter::once(&spec.container_edits).chain(spec.devices.iter().map(|d| &d.container_edits));
     let mut missing: Vec<String> = Vec::new();
     for m in edits.flat_map(|e| e.mounts.iter()) {
         let host = Path::new(&m.host_path);
-        if opts.driver_bundle.as_deref() == Some(host) {
+        if opts.driver_bundle.as_deref() == Some(host)
+            || host.starts_with(&opts.mps.root)
+            || host.starts_with(&opts.hook.root)
+        {
             continue;
         }
         let local = host_root.join(host.strip_prefix("/").unwrap_or(host));

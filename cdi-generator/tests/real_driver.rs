@@ -178,6 +178,38 @@ fn a_fixture_with_a_real_driver_root_gets_the_real_files_and_a_spec_the_runtimes
     }
 }
 
+/// On an MPS node the share devices mount each card's MPS directories, which the supervisor makes
+/// at run time (after a reboot, /run is empty): their absence does not hold the spec back.
+#[test]
+fn mps_directories_not_made_yet_do_not_hold_the_spec_back() {
+    let u = Userspace::get().unwrap();
+    let host = u.root(Branch::R550, Layout::Operator);
+    let out = tempfile::tempdir().unwrap();
+    let mps = out.path().join("mps-not-yet");
+    let (code, _, err) = generate(&[
+        "--fixture",
+        "t4x2",
+        "--share-enforcement",
+        "mps",
+        "--mps-root",
+        mps.to_str().unwrap(),
+        "--no-driver-bundle",
+        "--output",
+        out.path().to_str().unwrap(),
+        "--host-root",
+        host.to_str().unwrap(),
+        "--driver-root",
+        Layout::Operator.driver_root(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(out.path().join("tessera.io-gpu.json")).unwrap();
+    assert!(
+        text.contains(&format!("{}/", mps.display())),
+        "the share devices mount the MPS directories"
+    );
+    assert!(!mps.exists());
+}
+
 #[test]
 fn a_spec_naming_files_that_do_not_exist_is_refused_when_written_and_flagged_when_printed() {
     // The fixture's own list (550.54.15 files under /) is not on this machine.

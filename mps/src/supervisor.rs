@@ -290,6 +290,7 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
         restarts += 1;
         let delay = config.backoff.delay(failures);
         state.phase = DaemonPhase::Restarting;
+        state.ceiling = None;
         state.pid = None;
         state.restarts = restarts;
         state.checked_at = unix_secs(SystemTime::now());
@@ -305,6 +306,7 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
         tokio::select! {
             _ = stop.changed() => {
                 state.phase = DaemonPhase::Stopped;
+                state.ceiling = None;
                 state.reason = None;
                 write(&config, &uuid, &state);
                 return;
@@ -357,9 +359,17 @@ async fn stop_leftover(config: &SupervisorConfig, uuid: &str) {
         return;
     }
     let pid = nix::unistd::Pid::from_raw(holder.pid);
+    // Only while it still holds the lock: its pid may have gone to another process.
+    let still_holds = || crate::leftover::lock_holder(&config.layout.pipe_dir(uuid)).as_ref() == Some(holder);
+    if !still_holds() {
+        return;
+    }
     let _ = kill(pid, Signal::SIGTERM);
     if gone(Duration::from_secs(2)).await {
         info!(uuid, pid = holder.pid, "leftover MPS daemon stopped (SIGTERM)");
+        return;
+    }
+    if !still_holds() {
         return;
     }
     let _ = kill(pid, Signal::SIGKILL);
@@ -421,9 +431,17 @@ async fn run(
             }
         }
     }
-    // The ceiling first: a client of a card's shares never meets a daemon without one.
+    // The ceiling first: a client of a card's shares never meets a daemon without one, and a
+    // daemon that does not take it is not used.
     state.ceiling = None;
     sync_ceiling(config, uuid, state).await;
+    if state.ceiling.is_none() {
+        let _ = child.kill().await;
+        return Ended::Failed {
+            reason: "the daemon did not take the card's MPS ceiling (see the log)".into(),
+            ready_for: Duration::ZERO,
+        };
+    }
     let ready_since = Instant::now();
     state.phase = DaemonPhase::Ready;
     state.checked_at = unix_secs(SystemTime::now());
@@ -458,6 +476,13 @@ async fn run(
                             warn!(uuid, held = ?held, ceiling = ?c, "the MPS daemon's limits were changed by a client: setting them again");
                             state.ceiling = None;
                             sync_ceiling(config, uuid, state).await;
+                            if state.ceiling.is_none() {
+                                let _ = child.kill().await;
+                                return Ended::Failed {
+                                    reason: "the daemon's limits were changed and could not be set again".into(),
+                                    ready_for: ready_since.elapsed(),
+                                };
+                            }
                         }
                         write(config, uuid, state);
                     }
@@ -479,7 +504,7 @@ async fn run(
 }
 
 /// How often each card's wanted ceiling is looked at (a share waits for it at creation).
-const CEILING_EVERY: Duration = Duration::from_millis(200);
+const CEILING_EVERY: Duration = Duration::from_millis(100);
 
 /// Whether the daemon's answers are the ceiling (memory at the resolution it prints).
 fn holds(c: &MpsCeiling, (pct, mem): &(f64, String)) -> bool {
@@ -536,6 +561,7 @@ async fn stop_daemon(config: &SupervisorConfig, uuid: &str, mut child: Child, st
         }
     }
     state.phase = DaemonPhase::Stopped;
+    state.ceiling = None;
     state.pid = None;
     state.reason = None;
     state.checked_at = unix_secs(SystemTime::now());

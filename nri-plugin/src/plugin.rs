@@ -328,18 +328,24 @@ impl TesseraPlugin {
     pub async fn ceiling_held(&self, limits: &ShareLimits, within: std::time::Duration) -> Result<(), String> {
         let deadline = std::time::Instant::now() + within;
         loop {
-            let held = self.config.mps.read_state(&limits.uuid).ok().and_then(|s| s.ceiling);
+            let held = self
+                .config
+                .mps
+                .read_state(&limits.uuid)
+                .ok()
+                .filter(|s| s.phase == tessera_core::enforcement::DaemonPhase::Ready)
+                .and_then(|s| s.ceiling);
             if held.is_some_and(|c| c.covers(limits)) {
                 return Ok(());
             }
             if std::time::Instant::now() > deadline {
                 return Err(format!(
                     "its share of {} cannot be enforced: the card's MPS daemon did not take the share's limits \
-                     ({}%, {} MiB) within {}s (it holds {held:?}; see tessera-mps-supervisor's log)",
+                     ({}%, {} MiB) within {} ms (it holds {held:?}; see tessera-mps-supervisor's log)",
                     limits.uuid,
                     limits.core_limit,
                     limits.memory_mib,
-                    within.as_secs()
+                    within.as_millis()
                 ));
             }
             tokio::time::sleep(std::time::Duration::from_millis(25)).await;
@@ -348,7 +354,9 @@ impl TesseraPlugin {
 }
 
 /// How long a share's creation waits for its card's MPS daemon to take its limits.
-const CEILING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Under containerd's `plugin_request_timeout` (2 s in deploy/runtime/): the refusal must reach
+/// the runtime. The supervisor looks at the wanted ceiling every 100 ms.
+const CEILING_WAIT: std::time::Duration = std::time::Duration::from_millis(1500);
 
 /// An MPS share's limits, from the environment Tessera gave the container.
 fn mps_share_of(c: &api::Container) -> Option<ShareLimits> {

@@ -56,8 +56,9 @@ pub struct CardState {
 }
 
 /// A tenant: who a pod belongs to when cards are shared between teams (the pod's namespace, or
-/// a group of namespaces). Kept as a digest of its name (FNV-1a, 64 bits): placement compares
-/// tenants and never needs a name, and a refusal never names another tenant.
+/// a group of namespaces). Kept as a digest of its name (the first 64 bits of its SHA-256, so a
+/// namespace name cannot be chosen to pass for another tenant's): placement compares tenants
+/// and never needs a name, and a refusal never names another tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Tenant(pub u64);
 
@@ -67,12 +68,11 @@ impl Tenant {
 
     /// The tenant named `name`.
     pub fn named(name: &str) -> Self {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in name.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        Tenant(h.max(1))
+        use sha2::{Digest as _, Sha256};
+        let d = Sha256::digest(name.as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&d[..8]);
+        Tenant(u64::from_le_bytes(first).max(1))
     }
 }
 
