@@ -126,13 +126,7 @@ async fn cdi_on(version: Version) -> anyhow::Result<()> {
                 "{name}: no cgroup rule for {dev}"
             );
         }
-        let mounts: Vec<String> = oci
-            .mounts()
-            .clone()
-            .unwrap_or_default()
-            .iter()
-            .map(|m| m.destination().display().to_string())
-            .collect();
+        let mounts = tessera_tests::containerd::mount_destinations(&oci);
         assert!(
             mounts.contains(&"/usr/local/nvidia/lib64/libcuda.so.1".to_string()),
             "{name}: {mounts:?}"

@@ -97,13 +97,7 @@ async fn real_driver_on(version: Version) -> anyhow::Result<()> {
         // The MPS control client and server stay on the host: with them a tenant could command
         // its card's daemon.
         let oci = c.oci_spec(&id).await?;
-        let mounted: Vec<String> = oci
-            .mounts()
-            .clone()
-            .unwrap_or_default()
-            .iter()
-            .map(|m| m.destination().display().to_string())
-            .collect();
+        let mounted = tessera_tests::containerd::mount_destinations(&oci);
         assert!(
             mounted
                 .iter()

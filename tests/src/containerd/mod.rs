@@ -498,6 +498,15 @@ async fn connect(socket: &Path) -> anyhow::Result<RuntimeServiceClient<Channel>>
     Ok(RuntimeServiceClient::new(crate::uds::channel(socket).await?))
 }
 
+/// Where a container's OCI spec mounts things (destinations, in order).
+pub fn mount_destinations(spec: &oci_spec::runtime::Spec) -> Vec<String> {
+    spec.mounts()
+        .iter()
+        .flatten()
+        .map(|m| m.destination().display().to_string())
+        .collect()
+}
+
 /// Packs a root filesystem directory as a one-layer OCI image named `name` into `tar`
 /// (`tests/runtimes/oci-image.sh`), for [`Containerd::import_image`].
 pub fn pack_image(rootfs: &Path, name: &str, tar: &Path) -> anyhow::Result<()> {
