@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use tessera_core::cdi::{CdiDevice, CdiDeviceNode, CdiEdits, CdiMount, CdiSpec};
-use tessera_core::enforcement::{HOOK_LIBRARY_IN_CONTAINER, HookLayout, MpsLayout, ShareEnforcement};
+use tessera_core::enforcement::{
+    HOOK_LIBRARY_IN_CONTAINER, HookLayout, MPS_PIPE_IN_CONTAINER, MpsLayout, ShareEnforcement,
+};
 use tessera_core::inventory::{DeviceNode, DriverFileKind, Gpu, NodeInventory};
 use tessera_core::names::CDI_KIND;
 
@@ -162,15 +164,21 @@ fn share_edits(gpu: &Gpu, opts: &SpecOptions) -> CdiEdits {
         ));
     }
     if opts.enforcement == ShareEnforcement::Mps {
-        let rw = |host: PathBuf, container: &str| CdiMount {
-            host_path: host.display().to_string(),
-            container_path: container.to_string(),
-            options: vec!["rw".into(), "nosuid".into(), "nodev".into(), "bind".into()],
-        };
-        let pipe = opts.mps.pipe_dir(&gpu.uuid);
-        edits.env.push(format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display()));
-        edits.mounts.push(rw(pipe.clone(), &pipe.display().to_string()));
-        edits.mounts.push(rw(opts.mps.shm_dir(&gpu.uuid), "/dev/shm"));
+        // The daemon's control socket alone, read-only (connecting needs no write access to
+        // the mount), and the card's bounded shm.
+        edits
+            .env
+            .push(format!("CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"));
+        edits.mounts.push(CdiMount {
+            host_path: opts.mps.client_dir(&gpu.uuid).display().to_string(),
+            container_path: MPS_PIPE_IN_CONTAINER.into(),
+            options: ["ro", "nosuid", "nodev", "noexec", "bind"].map(String::from).to_vec(),
+        });
+        edits.mounts.push(CdiMount {
+            host_path: opts.mps.shm_dir(&gpu.uuid).display().to_string(),
+            container_path: "/dev/shm".into(),
+            options: ["rw", "nosuid", "nodev", "bind"].map(String::from).to_vec(),
+        });
     }
     edits
 }

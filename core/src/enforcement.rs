@@ -111,8 +111,13 @@ impl EnforcementRequirement {
     }
 }
 
-/// The MPS directories of each card, under one root. Paths are the same on the host, in the
-/// supervisor and in share containers.
+/// Where a share container finds its card's MPS daemon: NVIDIA's default pipe directory, so a
+/// client that unsets `CUDA_MPS_PIPE_DIRECTORY` still reaches the daemon (and its ceiling).
+pub const MPS_PIPE_IN_CONTAINER: &str = "/tmp/nvidia-mps";
+
+/// The MPS directories of each card, under one root. Paths are the same on the host and in the
+/// supervisor; share containers get only the card's client directory (at
+/// [`MPS_PIPE_IN_CONTAINER`]) and its shm directory (at `/dev/shm`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsLayout {
     /// The root (`/run/tessera/mps`).
@@ -138,9 +143,18 @@ impl MpsLayout {
         self.root.join(uuid)
     }
 
-    /// `CUDA_MPS_PIPE_DIRECTORY` of the card's daemon and its clients.
+    /// `CUDA_MPS_PIPE_DIRECTORY` of the card's daemon (its sockets, lock and log FIFO), which
+    /// no share container sees.
     pub fn pipe_dir(&self, uuid: &str) -> PathBuf {
         self.card_dir(uuid).join("pipe")
+    }
+
+    /// What share containers get of the pipe directory, read-only: a link to the daemon's
+    /// `control` socket, made by the supervisor once the daemon holds its ceiling, and nothing
+    /// else (no `control_privileged`, through which root may `quit` the daemon; no
+    /// `control_lock`, whose holder keeps a restarting daemon down; no log FIFO).
+    pub fn client_dir(&self, uuid: &str) -> PathBuf {
+        self.card_dir(uuid).join("client")
     }
 
     /// `CUDA_MPS_LOG_DIRECTORY` (control.log, server.log).
@@ -148,7 +162,8 @@ impl MpsLayout {
         self.card_dir(uuid).join("log")
     }
 
-    /// The directory the daemon and its clients see as `/dev/shm`.
+    /// The directory the daemon and its clients see as `/dev/shm` (a size-limited tmpfs the
+    /// supervisor mounts).
     pub fn shm_dir(&self, uuid: &str) -> PathBuf {
         self.card_dir(uuid).join("shm")
     }

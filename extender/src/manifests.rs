@@ -665,7 +665,12 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                             vec![
                                 mount("dev", "/dev", false),
                                 host_root_mount.clone(),
-                                mount("mps", DEFAULT_MPS_ROOT, false),
+                                // Bidirectional: each card's shm tmpfs, mounted here, is what
+                                // the runtime binds into the card's share containers.
+                                VolumeMount {
+                                    mount_propagation: Some("Bidirectional".into()),
+                                    ..mount("mps", DEFAULT_MPS_ROOT, false)
+                                },
                             ],
                         )
                     }))

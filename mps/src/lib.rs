@@ -4,6 +4,7 @@
 //! it dies and stopped cleanly. The GPU's compute mode is left as it is (MPS runs in Default
 //! mode).
 
+pub mod card_dirs;
 pub mod control;
 pub mod leftover;
 pub mod namespace;

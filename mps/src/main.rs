@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use tessera_core::enforcement::{DEFAULT_MPS_ROOT, MpsLayout};
 use tessera_core::inventory::{FixtureSource, InventorySource, NvmlSource};
 use tessera_mps::control::MpsBinaries;
-use tessera_mps::supervisor::{Backoff, Supervisor, SupervisorConfig};
+use tessera_mps::supervisor::{Backoff, DEFAULT_SHM_MIB, Supervisor, SupervisorConfig};
 use tracing::{info, warn};
 
 /// Tessera's MPS supervisor: one NVIDIA MPS control daemon per card that can host shares.
@@ -68,6 +68,10 @@ struct RunArgs {
     /// Seconds between re-reads of the node's GPUs.
     #[arg(long, default_value_t = 30)]
     inventory_secs: u64,
+    /// Size of each card's shm tmpfs in MiB (the card's share containers see it as /dev/shm
+    /// and share it with the card's MPS server).
+    #[arg(long, default_value_t = DEFAULT_SHM_MIB, value_parser = clap::value_parser!(u64).range(16..=1 << 20))]
+    shm_mib: u64,
 }
 
 /// Cards that can host shares: healthy and not in MIG mode.
@@ -106,6 +110,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         std::env::current_exe().context("locating this program")?,
     );
     config.check_every = Duration::from_secs(args.check_secs.max(1));
+    config.shm_mib = args.shm_mib;
     config.backoff = Backoff {
         base: Duration::from_millis(args.backoff_ms.max(1)),
         ..Backoff::default()

@@ -73,7 +73,12 @@ pub struct SupervisorConfig {
     pub stop_timeout: Duration,
     /// Restart delays.
     pub backoff: Backoff,
+    /// Size of each card's shm tmpfs, MiB.
+    pub shm_mib: u64,
 }
+
+/// Default size of each card's shm tmpfs: what the card's clients and server share in all.
+pub const DEFAULT_SHM_MIB: u64 = 2048;
 
 impl SupervisorConfig {
     /// Defaults around a layout and the MPS programs.
@@ -88,6 +93,7 @@ impl SupervisorConfig {
             max_missed: 3,
             stop_timeout: Duration::from_secs(10),
             backoff: Backoff::default(),
+            shm_mib: DEFAULT_SHM_MIB,
         }
     }
 }
@@ -156,18 +162,19 @@ fn write(config: &SupervisorConfig, uuid: &str, state: &MpsState) {
     }
 }
 
-fn prepare_dirs(layout: &MpsLayout, uuid: &str) -> std::io::Result<()> {
+fn prepare_dirs(config: &SupervisorConfig, uuid: &str) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
-    for (dir, mode) in [
-        (layout.pipe_dir(uuid), 0o755),
-        (layout.log_dir(uuid), 0o755),
-        // Clients of any user create their segments here, as in /dev/shm.
-        (layout.shm_dir(uuid), 0o1777),
-    ] {
+    let layout = &config.layout;
+    // Servers run under their clients' uids and open the pipe directory's log FIFO and socket.
+    for dir in [layout.pipe_dir(uuid), layout.log_dir(uuid), layout.client_dir(uuid)] {
         std::fs::create_dir_all(&dir)?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
     }
-    Ok(())
+    // No client reaches the daemon before it holds its ceiling.
+    crate::card_dirs::withdraw(layout, uuid)?;
+    let shm = layout.shm_dir(uuid);
+    std::fs::create_dir_all(&shm)?;
+    crate::card_dirs::mount_shm(&shm, config.shm_mib)
 }
 
 /// The last thing a daemon said that was not health-check chatter (why it would not start).
@@ -263,7 +270,7 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
             ceiling: None,
         };
         let last: LastWords = Arc::default();
-        let prepared = prepare_dirs(&config.layout, &uuid);
+        let prepared = prepare_dirs(&config, &uuid);
         if prepared.is_ok() {
             stop_leftover(&config, &uuid).await;
         }
@@ -279,8 +286,16 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
                 ready_for: Duration::ZERO,
             },
         };
+        if let Err(e) = crate::card_dirs::withdraw(&config.layout, &uuid) {
+            warn!(uuid, error = %e, "cannot remove the link to the daemon's control socket");
+        }
         let (reason, ready_for) = match ended {
-            Ended::Stop => return,
+            Ended::Stop => {
+                if let Err(e) = crate::card_dirs::unmount_shm(&config.layout.shm_dir(&uuid)) {
+                    warn!(uuid, error = %e, "cannot unmount the card's shm");
+                }
+                return;
+            }
             Ended::Failed { reason, ready_for } => (reason, ready_for),
         };
         if ready_for >= config.backoff.healthy_after {
@@ -309,6 +324,9 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
                 state.ceiling = None;
                 state.reason = None;
                 write(&config, &uuid, &state);
+                if let Err(e) = crate::card_dirs::unmount_shm(&config.layout.shm_dir(&uuid)) {
+                    warn!(uuid, error = %e, "cannot unmount the card's shm");
+                }
                 return;
             }
             _ = tokio::time::sleep(delay) => {}
@@ -442,6 +460,14 @@ async fn run(
             ready_for: Duration::ZERO,
         };
     }
+    // Only now do share containers see the daemon's socket.
+    if let Err(e) = crate::card_dirs::publish(&config.layout, uuid) {
+        let _ = child.kill().await;
+        return Ended::Failed {
+            reason: format!("cannot link the daemon's control socket for its clients: {e}"),
+            ready_for: Duration::ZERO,
+        };
+    }
     let ready_since = Instant::now();
     state.phase = DaemonPhase::Ready;
     state.checked_at = unix_secs(SystemTime::now());
@@ -547,6 +573,7 @@ async fn sync_ceiling(config: &SupervisorConfig, uuid: &str, state: &mut MpsStat
 }
 
 async fn stop_daemon(config: &SupervisorConfig, uuid: &str, mut child: Child, state: &mut MpsState) -> Ended {
+    let _ = crate::card_dirs::withdraw(&config.layout, uuid);
     // The real client exits 1 after a `quit` that follows a server failure although the daemon
     // quits: what counts is whether the daemon exits.
     let quit = config

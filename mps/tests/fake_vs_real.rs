@@ -117,6 +117,14 @@ fn observe(control: &Path) -> Observed {
         let key = format!("{cmd}{}", uid.map(|u| format!(" (uid {u})")).unwrap_or_default());
         answers.insert(key, client(control, &pipe, sent, uid));
     }
+    // Root, given only the control socket (as share containers are): quit is refused.
+    let only_control = dir.path().join("client");
+    std::fs::create_dir(&only_control).unwrap();
+    std::fs::hard_link(pipe.join("control"), only_control.join("control")).unwrap();
+    answers.insert(
+        "quit (root, control only)".into(),
+        client(control, &only_control, "quit", None),
+    );
     let pipe_dir = std::fs::read_dir(&pipe)
         .unwrap()
         .flatten()
@@ -196,6 +204,11 @@ fn the_fake_control_daemon_behaves_as_the_real_one() {
     );
     assert_eq!(
         real.answers["quit (uid 65534)"].0,
+        "Not enough privilege to execute quit command"
+    );
+    // The daemon's privilege is the socket: root with `control` alone cannot quit it.
+    assert_eq!(
+        real.answers["quit (root, control only)"].0,
         "Not enough privilege to execute quit command"
     );
     assert!(real.client_blocks_on_a_hung_daemon && real.logs_start_on_stdout);

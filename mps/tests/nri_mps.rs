@@ -1,7 +1,10 @@
 //! Enforced shares end to end on real containerd (1.7 and 2.x), with the real supervisor
-//! running NVIDIA's real MPS control daemon per card (535, no GPU needed): a share container is connected to its card's daemon
-//! (pipe directory, the card's shm as /dev/shm, the limits from its allocation), a whole card
-//! is not, and once the daemon is down a share is refused at creation, saying why.
+//! running NVIDIA's real MPS control daemon per card (535, no GPU needed): a share container is
+//! connected to its card's daemon (its control socket alone, the card's bounded shm as
+//! /dev/shm, the limits from its allocation), a whole card is not, and once the daemon is down
+//! a share is refused at creation, saying why. A tenant that brings NVIDIA's control client in
+//! its own image cannot stop the daemon, hold its lock, write beside its socket or fill the
+//! node's memory through /dev/shm.
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
@@ -10,18 +13,44 @@ use std::time::{Duration, Instant};
 
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
-use tessera_core::enforcement::{ANNOTATION_ENFORCED_BY, MpsLayout, ShareEnforcement};
+use tessera_core::enforcement::{ANNOTATION_ENFORCED_BY, MPS_PIPE_IN_CONTAINER, MpsLayout, ShareEnforcement};
 use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
 use tessera_core::request::ContainerRole;
 use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
 use tessera_nri_plugin::session::{self, Identity};
-use tessera_tests::containerd::{ContainerSpec, Containerd, Pod, Version};
+use tessera_tests::containerd::{ContainerSpec, Containerd, Pod, Runtimes, Version};
 use tessera_tests::fake_node::fake_node;
 use tessera_tests::nvidia::{Branch, Userspace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tessera-mps-supervisor");
 const NODE: &str = "node-mps";
+/// Each card's shm tmpfs in this test, MiB.
+const SHM_MIB: u64 = 64;
+const TENANT_IMAGE: &str = "docker.io/tessera/mps-tenant:test";
+
+/// A tenant's image: busybox, Debian's C library and NVIDIA's control client (a tenant can bring
+/// any program; this one speaks the daemon's protocol).
+fn tenant_image(work: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    let u = Userspace::get()?;
+    let rootfs = work.join("rootfs");
+    std::fs::create_dir_all(rootfs.join("bin"))?;
+    std::fs::create_dir_all(rootfs.join("tmp"))?;
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", u.libc6().display()))
+        .arg(&rootfs)
+        .status()?;
+    anyhow::ensure!(st.success(), "copying libc6");
+    std::fs::copy(Runtimes::get()?.busybox(), rootfs.join("bin/busybox"))?;
+    for applet in ["sh", "ls", "cat", "echo", "env", "touch", "dd", "rm", "sleep", "true"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet))?;
+    }
+    std::fs::copy(u.mps_control(Branch::R535), rootfs.join("bin/nvidia-cuda-mps-control"))?;
+    let tar = work.join("tenant.tar");
+    tessera_tests::containerd::pack_image(&rootfs, TENANT_IMAGE, &tar)?;
+    Ok(tar)
+}
 
 /// What the card's real daemon answers to `cmd` (asked as root, on the host).
 fn ask(layout: &MpsLayout, uuid: &str, cmd: &str) -> String {
@@ -45,7 +74,9 @@ impl Supervisor {
         let control = Userspace::get().unwrap().mps_control(Branch::R535);
         Self(
             Command::new(BIN)
-                .args(["run", "--fixture", "h100x8", "--check-secs", "1", "--control-binary"])
+                .args(["run", "--fixture", "h100x8", "--check-secs", "1", "--shm-mib"])
+                .arg(SHM_MIB.to_string())
+                .arg("--control-binary")
                 .arg(control)
                 .arg("--mps-root")
                 .arg(&layout.root)
@@ -180,8 +211,11 @@ async fn mps(version: Version) -> anyhow::Result<()> {
     let (code, out) = c.run_to_exit(&cid).await?;
     assert_eq!(code, 0, "{out}");
     let env: BTreeMap<&str, &str> = out.lines().filter_map(|l| l.split_once('=')).collect();
-    let pipe = layout.pipe_dir(&gpu.uuid).display().to_string();
-    assert_eq!(env.get("CUDA_MPS_PIPE_DIRECTORY"), Some(&pipe.as_str()), "{out}");
+    assert_eq!(
+        env.get("CUDA_MPS_PIPE_DIRECTORY"),
+        Some(&MPS_PIPE_IN_CONTAINER),
+        "{out}"
+    );
     assert_eq!(env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), Some(&"30"), "{out}");
     let mem = format!("{}=8192M", gpu.uuid);
     assert_eq!(
@@ -189,9 +223,14 @@ async fn mps(version: Version) -> anyhow::Result<()> {
         Some(&mem.as_str()),
         "{out}"
     );
-    // /dev/shm is the card's MPS shm, and the pipe directory is the real daemon's.
+    // /dev/shm is the card's MPS shm, and the pipe directory holds the real daemon's socket.
     assert_eq!(env.get("shm"), Some(&gpu.uuid.as_str()), "{out}");
     assert!(out.lines().any(|l| l == "control"), "{out}");
+    let mounts = tessera_tests::containerd::mount_destinations(&s);
+    assert!(
+        !mounts.iter().any(|m| m.starts_with(layout.root.to_str().unwrap())),
+        "no path of the supervisor's own reaches the container: {mounts:?}"
+    );
 
     // The card's daemon holds the share's limits itself (a client that drops its variables
     // gets no more), set before the container was created.
@@ -211,6 +250,42 @@ async fn mps(version: Version) -> anyhow::Result<()> {
     let keep = pod(&mut c, &keys, "keep", share.clone()).await?;
     let keep_id = c.create_container(&keep, share_spec("sleep 3600")).await?;
     assert_eq!(defaults(), ("30.0".into(), "8G".into()));
+
+    // A tenant beside it, with NVIDIA's control client in its image: it reaches the daemon
+    // (MPS clients must), read-only, and sees nothing of the pipe directory but the socket;
+    // `quit` is refused even to its root (it has no control_privileged); it cannot write
+    // beside the socket; its /dev/shm is the card's tmpfs, which fills at its size.
+    let work = tempfile::tempdir()?;
+    c.import_image(&tenant_image(work.path())?)?;
+    let tenant = pod(&mut c, &keys, "tenant", share.clone()).await?;
+    let script = format!(
+        "cd \"$CUDA_MPS_PIPE_DIRECTORY\"; echo pipe=$(ls -A); \
+         echo get=$(echo get_default_active_thread_percentage | nvidia-cuda-mps-control); \
+         echo quit=$(echo quit | nvidia-cuda-mps-control); \
+         touch x 2>/dev/null && echo write=yes || echo write=no; \
+         dd if=/dev/zero of=/dev/shm/fill bs=1M count={} 2>/dev/null && echo shm=unbounded || echo shm=full; \
+         rm -f /dev/shm/fill",
+        SHM_MIB + 16
+    );
+    let tid = c
+        .create_container(&tenant, share_spec(&script).image(TENANT_IMAGE))
+        .await?;
+    let (code, out) = c.run_to_exit(&tid).await?;
+    assert_eq!(code, 0, "{out}");
+    let said: BTreeMap<&str, &str> = out.lines().filter_map(|l| l.split_once('=')).collect();
+    assert_eq!(said.get("pipe"), Some(&"control"), "{out}");
+    assert_eq!(said.get("get"), Some(&"30.0"), "{out}");
+    assert_eq!(
+        said.get("quit"),
+        Some(&"Not enough privilege to execute quit command"),
+        "{out}"
+    );
+    assert_eq!(said.get("write"), Some(&"no"), "{out}");
+    assert_eq!(said.get("shm"), Some(&"full"), "{out}");
+    // The daemon still runs and holds the ceiling.
+    assert_eq!(defaults(), ("30.0".into(), "8G".into()));
+    c.remove_pod(&tenant).await?;
+
     // A larger share on the same card: the ceiling is the largest of them, in each dimension.
     let big = pod(&mut c, &keys, "big", AllocatedDevice::share(&gpu, 50, 4096)).await?;
     let big_id = c.create_container(&big, share_spec_of("true", 50, 4096)).await?;

@@ -44,6 +44,8 @@ impl Running {
                 "1",
                 "--backoff-ms",
                 "200",
+                "--shm-mib",
+                "64",
                 "--control-binary",
             ])
             .arg(control(b))
@@ -148,6 +150,26 @@ fn uuids(fixture: &str) -> Vec<String> {
         .collect()
 }
 
+/// The size of the tmpfs mounted at the card's shm directory, if one is.
+fn shm_size(layout: &MpsLayout, uuid: &str) -> Option<u64> {
+    let dir = layout.shm_dir(uuid);
+    if tessera_mps::card_dirs::mounted_type(&dir).as_deref() != Some("tmpfs") {
+        return None;
+    }
+    let st = nix::sys::statvfs::statvfs(&dir).unwrap();
+    Some(st.blocks() * st.fragment_size())
+}
+
+/// The names in the card's client directory.
+fn client_dir(layout: &MpsLayout, uuid: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(layout.client_dir(uuid))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
 fn dev_ino(p: &Path) -> (u64, u64) {
     let m = std::fs::metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     (m.dev(), m.ino())
@@ -188,6 +210,14 @@ fn daemon_per_card(b: Branch) {
             "{u}: /dev/shm"
         );
         assert_ne!(dev_ino(Path::new("/dev/shm")), dev_ino(&s.layout.shm_dir(u)));
+        // A tmpfs of its own, of the size configured.
+        assert_eq!(shm_size(&s.layout, u), Some(64 << 20), "{u}");
+        // What share containers get: a link to the control socket, nothing else.
+        assert_eq!(client_dir(&s.layout, u), ["control"]);
+        assert_eq!(
+            dev_ino(&s.layout.client_dir(u).join("control")),
+            dev_ino(&pipe.join("control"))
+        );
     }
     // Health checks run every second; their chatter is not logged at INFO, the daemon's start is.
     std::thread::sleep(Duration::from_millis(2500));
@@ -203,6 +233,12 @@ fn daemon_per_card(b: Branch) {
             .is_some_and(|st| st.phase == DaemonPhase::Ready && st.restarts == 1 && st.pid != Some(pid as u32))
     });
     assert!(s.log().contains("MPS daemon failed: restarting"), "{}", s.log());
+    // The restarted daemon's new socket is linked for its clients.
+    let u = &cards[0];
+    assert_eq!(
+        dev_ino(&s.layout.client_dir(u).join("control")),
+        dev_ino(&s.layout.pipe_dir(u).join("control"))
+    );
     assert_eq!(s.state(&cards[1]).unwrap().restarts, 0, "the other card is untouched");
 
     // Hang card 1's daemon (SIGSTOP): the real client then blocks; the check times out, and
@@ -225,6 +261,11 @@ fn daemon_per_card(b: Branch) {
         assert_eq!(layout.read_state(u).unwrap().phase, DaemonPhase::Stopped, "{log}");
         assert!(!alive(pid), "{u}: daemon {pid} still runs");
         assert_eq!(lock_holder(&layout.pipe_dir(u)), None);
+        assert!(
+            client_dir(&layout, u).is_empty(),
+            "{u}: a stopped daemon is not offered"
+        );
+        assert_eq!(shm_size(&layout, u), None, "{u}: the shm tmpfs is unmounted");
     }
     assert!(!log.contains("did not quit in time"), "{log}");
     let out = Command::new(BIN)
@@ -382,12 +423,18 @@ fn a_start_refused_by_a_foreign_lock_is_retried_with_backoff_and_mig_cards_get_n
     }
 }
 
-/// What the real daemon answers to `cmd`, as the user `uid` (root when `None`).
+/// What the real daemon answers to `cmd`, as the user `uid` (root when `None`), through the
+/// pipe directory (the supervisor's way) or, for a tenant, the client directory (what share
+/// containers get).
 fn ask(layout: &MpsLayout, uuid: &str, cmd: &str, uid: Option<u32>) -> String {
+    ask_in(&layout.pipe_dir(uuid), cmd, uid)
+}
+
+fn ask_in(dir: &Path, cmd: &str, uid: Option<u32>) -> String {
     use std::io::Write as _;
     use std::os::unix::process::CommandExt as _;
     let mut c = Command::new(control(Branch::R535));
-    c.env("CUDA_MPS_PIPE_DIRECTORY", layout.pipe_dir(uuid))
+    c.env("CUDA_MPS_PIPE_DIRECTORY", dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
     if let Some(uid) = uid {
@@ -433,20 +480,16 @@ fn the_daemon_holds_the_cards_ceiling_and_a_client_cannot_lift_it() {
     );
     // A tenant (any uid reaches the control socket) lifts the default: the next check puts it
     // back.
+    let tenant = s.layout.client_dir(&cards[0]);
     assert_eq!(
-        ask(
-            &s.layout,
-            &cards[0],
-            "set_default_active_thread_percentage 100",
-            Some(65534)
-        ),
+        ask_in(&tenant, "set_default_active_thread_percentage 100", Some(65534)),
         "100.0"
     );
-    ask(
-        &s.layout,
-        &cards[0],
-        "set_default_device_pinned_mem_limit 0 0",
-        Some(65534),
+    ask_in(&tenant, "set_default_device_pinned_mem_limit 0 0", Some(65534));
+    // Root in a share container cannot stop the daemon: `quit` needs control_privileged.
+    assert_eq!(
+        ask_in(&tenant, "quit", None),
+        "Not enough privilege to execute quit command"
     );
     s.wait("the ceiling restored", Duration::from_secs(5), |_| {
         defaults(&cards[0]) == ("30.0".into(), "8G".into())

@@ -607,6 +607,42 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
         verdict,
     ));
 
+    // The same share, its process unsetting every MPS variable: the card's daemon holds it to
+    // the ceiling (the largest share placed, this one), and NVIDIA's default pipe directory is
+    // where the container has the daemon's socket.
+    let pod = s.pod("share-unset", vec![share.clone()], false).await?;
+    let spec = s.spec(
+        &[
+            "sh",
+            "-c",
+            "unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE CUDA_MPS_PINNED_DEVICE_MEM_LIMIT CUDA_MPS_PIPE_DIRECTORY; \
+             exec /probe --alloc-gib 20 --bench-ms 3000",
+        ],
+        &SHARE,
+    );
+    let (verdict, observed) = match s.run(&pod, spec).await {
+        Ok((_, out)) => {
+            let kv = parse(&out);
+            let (ok, o) = if dry {
+                // Dry: the variables are gone and the container still has the card's shm.
+                (
+                    !kv.contains_key("mps_threads") && kv.get("mps_shm").map(String::as_str) == Some(gpu.uuid.as_str()),
+                    summary(&kv),
+                )
+            } else {
+                judge_share(dry, &kv, base, &gpu.uuid, 30.0, 8192.0)
+            };
+            (pass(ok), o)
+        }
+        Err(e) => (Verdict::Fail, e),
+    };
+    rows.push(row(
+        "30% + 8 GiB share, MPS variables unset",
+        "still ~30% of the SMs, <= 8 GiB (the daemon's ceiling)".into(),
+        observed,
+        verdict,
+    ));
+
     // Two shares at the same time on the card.
     let mut ids = Vec::new();
     for n in ["share-a", "share-b"] {

@@ -46,7 +46,7 @@ impl Runtimes {
             "runtimes/fetch.sh",
             "TESSERA_RUNTIME_CACHE",
             "ready-v3",
-            &["containerd-1.7", "containerd-2", "runc", "image"],
+            &["containerd-1.7", "containerd-2", "runc", "busybox", "image"],
         )?;
         Ok(Runtimes { entries })
     }
@@ -64,6 +64,11 @@ impl Runtimes {
     /// The runc binary.
     pub fn runc(&self) -> &Path {
         &self.entries["runc"].1
+    }
+
+    /// The static busybox binary (for images a test builds).
+    pub fn busybox(&self) -> &Path {
+        &self.entries["busybox"].1
     }
 
     /// The busybox OCI image tarball and its name.
