@@ -267,10 +267,11 @@ pub const HOOK_LIBRARY_IN_CONTAINER: &str = "/usr/local/tessera/lib/libtessera-c
 pub const HOOK_CONFIG_IN_CONTAINER: &str = "/run/tessera/hook/config";
 /// The container's shared accounting directory (writable).
 pub const HOOK_STATE_IN_CONTAINER: &str = "/run/tessera/hook/state";
-/// The card's discovery lock (read-only; the library only `flock`s it), shared by every hooked
-/// container on the card so that their processes create contexts one at a time and each can
-/// tell which host pid is its own.
-pub const HOOK_CARD_LOCK_IN_CONTAINER: &str = "/run/tessera/hook/card.lock";
+/// The container's own agent directory (read-only): the socket through which the node agent
+/// tells each of the container's processes its host pid (NVML names processes by host pid).
+pub const HOOK_AGENT_IN_CONTAINER: &str = "/run/tessera/hook/agent";
+/// The host-pid socket's name in the agent directory.
+pub const HOOK_PID_SOCKET: &str = "pid.sock";
 /// The hook's memory accounting file in a container's state directory.
 pub const HOOK_ACCOUNTING_FILE: &str = "memory";
 
@@ -303,9 +304,9 @@ impl HookLayout {
         self.root.join("containers").join(container_id)
     }
 
-    /// A card's discovery lock file.
-    pub fn card_lock(&self, uuid: &str) -> PathBuf {
-        self.root.join("cards").join(uuid).join("discovery.lock")
+    /// A container's agent directory (its host-pid socket), mounted read-only into it alone.
+    pub fn agent_dir(&self, container_id: &str) -> PathBuf {
+        self.container_dir(container_id).join("agent")
     }
 
     /// Whether the library is installed; the error says what is missing.
@@ -356,19 +357,12 @@ impl HookLayout {
         }
     }
 
-    /// Writes a container's configuration (what the library enforces), creates its state
-    /// directory and its card's lock; returns their host paths.
+    /// Writes a container's configuration (what the library enforces), creates its state and
+    /// agent directories; returns their host paths. Nothing is shared with another container.
     pub fn prepare(&self, container_id: &str, limits: &ShareLimits) -> std::io::Result<HookFiles> {
-        let card_lock = self.card_lock(&limits.uuid);
-        if let Some(dir) = card_lock.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&card_lock)?;
         let dir = self.container_dir(container_id);
+        let agent = self.agent_dir(container_id);
+        std::fs::create_dir_all(&agent)?;
         let state = dir.join("state");
         std::fs::create_dir_all(&state)?;
         {
@@ -390,16 +384,12 @@ impl HookLayout {
         std::fs::write(
             &tmp,
             format!(
-                "# written by tessera-nri-plugin for this container\nuuid={}\nmemory_limit_mib={}\ncore_limit={}\nstate_dir={HOOK_STATE_IN_CONTAINER}\ncard_lock={HOOK_CARD_LOCK_IN_CONTAINER}\n",
+                "# written by tessera-nri-plugin for this container\nuuid={}\nmemory_limit_mib={}\ncore_limit={}\nstate_dir={HOOK_STATE_IN_CONTAINER}\npid_socket={HOOK_AGENT_IN_CONTAINER}/{HOOK_PID_SOCKET}\n",
                 limits.uuid, limits.memory_mib, limits.core_limit
             ),
         )?;
         std::fs::rename(&tmp, &config)?;
-        Ok(HookFiles {
-            config,
-            state,
-            card_lock,
-        })
+        Ok(HookFiles { config, state, agent })
     }
 }
 
@@ -410,8 +400,8 @@ pub struct HookFiles {
     pub config: PathBuf,
     /// The container's accounting directory (writable).
     pub state: PathBuf,
-    /// The card's discovery lock (read-only).
-    pub card_lock: PathBuf,
+    /// The container's agent directory (read-only; the node agent serves its socket).
+    pub agent: PathBuf,
 }
 
 /// What a share container is held to.
@@ -588,7 +578,7 @@ mod tests {
     }
 
     #[test]
-    fn hooked_containers_on_one_card_share_its_lock_and_nothing_else() {
+    fn hooked_containers_on_one_card_share_nothing() {
         let d = tempfile::tempdir().unwrap();
         let l = HookLayout::new(d.path());
         let limits = |uuid: &str, core_limit| ShareLimits {
@@ -599,23 +589,21 @@ mod tests {
         let a = l.prepare("a", &limits("GPU-1", 30)).unwrap();
         let b = l.prepare("b", &limits("GPU-1", 50)).unwrap();
         let c = l.prepare("c", &limits("GPU-2", 30)).unwrap();
-        assert_eq!(a.card_lock, b.card_lock);
-        assert_ne!(a.card_lock, c.card_lock);
-        assert!(a.card_lock.is_file() && c.card_lock.is_file());
-        assert_ne!(a.state, b.state);
+        for (x, y) in [(&a, &b), (&a, &c)] {
+            assert!(x.config != y.config && x.state != y.state && x.agent != y.agent);
+        }
+        assert!(a.agent.is_dir() && a.agent.starts_with(l.container_dir("a")));
         let text = std::fs::read_to_string(&b.config).unwrap();
         for line in [
             "uuid=GPU-1",
             "core_limit=50",
             "memory_limit_mib=8192",
             "state_dir=/run/tessera/hook/state",
-            "card_lock=/run/tessera/hook/card.lock",
+            "pid_socket=/run/tessera/hook/agent/pid.sock",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in {text}");
         }
-        // Preparing again (a retried CreateContainer) keeps the lock file that others hold.
-        std::fs::write(&a.card_lock, "held").unwrap();
-        l.prepare("a", &limits("GPU-1", 30)).unwrap();
-        assert_eq!(std::fs::read_to_string(&a.card_lock).unwrap(), "held");
+        // Preparing again (a retried CreateContainer) is fine.
+        assert_eq!(l.prepare("a", &limits("GPU-1", 30)).unwrap(), a);
     }
 }

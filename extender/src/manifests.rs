@@ -570,8 +570,11 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                     service_account_name: Some(NODE.into()),
                     priority_class_name: Some("system-node-critical".into()),
                     // The MPS server finds itself through /proc in the driver's (the host's) PID
-                    // namespace, as NVIDIA's own MPS daemon set runs it.
-                    host_pid: (opts.share_enforcement == ShareEnforcement::Mps).then_some(true),
+                    // namespace, as NVIDIA's own MPS daemon set runs it; in hook mode the NRI
+                    // plugin tells each hooked process its host pid (the peer of its socket, as
+                    // the host's PID namespace sees it).
+                    host_pid: matches!(opts.share_enforcement, ShareEnforcement::Mps | ShareEnforcement::Hook)
+                        .then_some(true),
                     node_selector: Some(BTreeMap::from([opts.node_selector.clone()])),
                     tolerations: Some(vec![Toleration {
                         key: Some("nvidia.com/gpu".into()),

@@ -23,8 +23,8 @@ pub struct Config {
     pub core_limit: Option<u32>,
     /// The shared accounting directory (writable by every process of the container).
     pub state_dir: PathBuf,
-    /// The card's discovery lock, shared by every hooked container on the card.
-    pub card_lock: Option<PathBuf>,
+    /// The container's own host-pid socket (the node agent answers each process its host pid).
+    pub pid_socket: Option<PathBuf>,
 }
 
 impl Config {
@@ -35,7 +35,7 @@ impl Config {
             memory_limit: Some(0),
             core_limit: None,
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
-            card_lock: None,
+            pid_socket: None,
         }
     }
 
@@ -45,7 +45,7 @@ impl Config {
         let mut memory_limit = None;
         let mut core_limit = None;
         let mut state_dir = None;
-        let mut card_lock = None;
+        let mut pid_socket = None;
         for line in text
             .lines()
             .map(str::trim)
@@ -74,7 +74,7 @@ impl Config {
                     )
                 }
                 "state_dir" => state_dir = Some(PathBuf::from(v)),
-                "card_lock" => card_lock = Some(PathBuf::from(v)),
+                "pid_socket" => pid_socket = Some(PathBuf::from(v)),
                 // Informational keys (pod, container) and keys of newer plugins.
                 _ => {}
             }
@@ -88,7 +88,7 @@ impl Config {
             memory_limit,
             core_limit,
             state_dir: state_dir.unwrap_or_else(|| DEFAULT_STATE_DIR.into()),
-            card_lock,
+            pid_socket,
         })
     }
 
@@ -128,13 +128,13 @@ mod tests {
         assert_eq!(c.memory_limit, Some(8 << 30));
         assert_eq!(c.throttle(), Some(30));
         assert_eq!(c.state_dir, Path::new(DEFAULT_STATE_DIR));
-        assert_eq!(c.card_lock, None);
+        assert_eq!(c.pid_socket, None);
         assert_eq!(
-            Config::parse("uuid=GPU-1\ncard_lock=/run/tessera/hook/card.lock")
+            Config::parse("uuid=GPU-1\npid_socket=/run/tessera/hook/agent/pid.sock")
                 .unwrap()
-                .card_lock
+                .pid_socket
                 .as_deref(),
-            Some(Path::new("/run/tessera/hook/card.lock"))
+            Some(Path::new("/run/tessera/hook/agent/pid.sock"))
         );
         assert_eq!(
             Config::parse("uuid=GPU-1\ncore_limit=0").unwrap_err(),

@@ -1,94 +1,49 @@
-//! Finding this process's host pid (NVML reports host pids; the container has its own
-//! namespace): the card's compute processes are listed before and after this process creates
-//! its context, and the one that appeared is this process. Processes take turns: those of the
-//! container on a lock file in its state directory, then every hooked process on the card on the
-//! card's lock file (mounted read-only into each share container by the NRI plugin). The card
-//! lock is waited for at most [`CARD_WAIT`], so a container that holds it forever cannot stall
-//! another's start; when two processes still appear at once the answer is ambiguous and none is
-//! recorded (utilization is then taken for the whole card, an over-estimate).
+//! Finding this process's host pid (NVML names GPU processes by host pid; the container has its
+//! own pid namespace): the node agent answers on the container's own socket with the connecting
+//! process's pid as the host sees it (the kernel's peer credentials). Nothing is shared with
+//! another container and nothing waits for one (a card-wide lock used to order context
+//! creations, and one tenant could hold it against the others).
 
-use std::fs::File;
-use std::os::fd::AsRawFd as _;
+use std::io::Read as _;
+use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// The longest a context creation waits for another container's discovery on the card.
-pub const CARD_WAIT: Duration = Duration::from_secs(5);
+/// The longest the agent is waited for.
+pub const ASK_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// An exclusive lock on a discovery file, released on drop.
-pub struct Lock(File);
-
-impl Lock {
-    /// Takes the container's lock (waits for another process of the container).
-    pub fn container(dir: &Path) -> Option<Self> {
-        let f = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join("discovery.lock"))
-            .ok()?;
-        // SAFETY: a valid descriptor.
-        (unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0).then_some(Self(f))
-    }
-
-    /// Takes the card's lock (an existing file, opened read-only: flock needs no write access),
-    /// waiting at most `wait`.
-    pub fn card(path: &Path, wait: Duration) -> Option<Self> {
-        let f = File::open(path).ok()?;
-        let deadline = Instant::now() + wait;
-        loop {
-            // SAFETY: a valid descriptor.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Some(Self(f));
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-impl Drop for Lock {
-    fn drop(&mut self) {
-        // SAFETY: a valid descriptor.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
-    }
-}
-
-/// The one pid in `after` that is not in `before`, if exactly one appeared.
-pub fn newcomer(before: &[u32], after: &[u32]) -> Option<u32> {
-    let mut new = after.iter().filter(|p| !before.contains(p));
-    match (new.next(), new.next()) {
-        (Some(&p), None) => Some(p),
-        _ => None,
-    }
+/// This process's host pid, as the agent on `socket` answers it.
+pub fn host_pid(socket: &Path) -> Option<u32> {
+    let s = UnixStream::connect(socket).ok()?;
+    s.set_read_timeout(Some(ASK_TIMEOUT)).ok()?;
+    let mut answer = String::new();
+    s.take(32).read_to_string(&mut answer).ok()?;
+    answer.trim().parse().ok().filter(|p| *p > 0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write as _;
+    use std::os::unix::net::UnixListener;
 
     #[test]
-    fn exactly_one_newcomer() {
-        assert_eq!(newcomer(&[1, 2], &[1, 2, 7]), Some(7));
-        assert_eq!(newcomer(&[1, 2], &[2, 7, 1]), Some(7));
-        assert_eq!(newcomer(&[1], &[1]), None);
-        assert_eq!(newcomer(&[1], &[1, 7, 8]), None, "two at once: ambiguous");
-        assert_eq!(newcomer(&[1, 2], &[7]), Some(7), "others leaving does not matter");
-    }
-
-    #[test]
-    fn the_card_lock_is_exclusive_and_its_wait_bounded() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("discovery.lock");
-        std::fs::write(&path, "").unwrap();
-        let held = Lock::card(&path, Duration::ZERO).expect("free lock");
-        let t = Instant::now();
-        assert!(Lock::card(&path, Duration::from_millis(50)).is_none(), "held elsewhere");
-        assert!(t.elapsed() >= Duration::from_millis(50));
-        drop(held);
-        assert!(Lock::card(&path, Duration::ZERO).is_some(), "released on drop");
-        assert!(Lock::card(&dir.path().join("missing"), Duration::ZERO).is_none());
+    fn the_answer_is_one_positive_number() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("pid.sock");
+        let l = UnixListener::bind(&path).unwrap();
+        let serve = |answer: &'static str| {
+            let l = l.try_clone().unwrap();
+            std::thread::spawn(move || {
+                let (mut c, _) = l.accept().unwrap();
+                c.write_all(answer.as_bytes()).unwrap();
+            })
+        };
+        for (answer, want) in [("4242\n", Some(4242)), ("0\n", None), ("nope", None), ("", None)] {
+            let t = serve(answer);
+            assert_eq!(host_pid(&path), want, "{answer:?}");
+            t.join().unwrap();
+        }
+        assert_eq!(host_pid(&d.path().join("absent")), None);
     }
 }

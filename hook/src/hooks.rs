@@ -695,26 +695,17 @@ macro_rules! graph_launch {
 graph_launch!(cuGraphLaunch, GRAPH_LAUNCH);
 graph_launch!(cuGraphLaunch_ptsz, GRAPH_LAUNCH_PTSZ);
 
-/// Creates a context while watching which process appears on the card: that one is us (our
-/// host pid, for per-process utilization). One process at a time within the container, and
-/// within the card where the plugin gave the card's lock.
+/// Creates a context and, for a throttled process that does not know it yet, learns its host
+/// pid from the node agent (per-process utilization is reported by host pid).
 fn with_discovery(h: Option<&'static Hook>, make: impl FnOnce() -> CuResult) -> CuResult {
-    let Some(h) = h.filter(|h| protect(false, || h.needs_host_pid())) else {
-        return make();
-    };
-    let _lock = protect(None, || crate::discover::Lock::container(&h.config.state_dir));
-    let _card = protect(None, || {
-        let path = h.config.card_lock.as_deref()?;
-        crate::discover::Lock::card(path, crate::discover::CARD_WAIT)
-    });
-    let before = protect(None, || h.with_nvml(|n| n.compute_pids()).flatten());
     let r = make();
     if r == CUDA_SUCCESS
-        && let Some(before) = before
+        && let Some(h) = h
     {
         protect((), || {
-            let after = h.with_nvml(|n| n.compute_pids()).flatten().unwrap_or_default();
-            if let Some(pid) = crate::discover::newcomer(&before, &after) {
+            if h.needs_host_pid()
+                && let Some(pid) = h.config.pid_socket.as_deref().and_then(crate::discover::host_pid)
+            {
                 h.set_host_pid(pid);
             }
         });

@@ -1,6 +1,6 @@
-//! What the hook asks NVML (`libnvidia-ml.so.1`, mounted with the driver): the card's compute
-//! processes (to find this process's host pid) and per-process SM utilization (to throttle to
-//! the container's share). Loaded lazily, off the application's threads where it can be.
+//! What the hook asks NVML (`libnvidia-ml.so.1`, mounted with the driver): per-process SM
+//! utilization (to throttle to the container's share), and the card's when a process's host pid
+//! is unknown. Loaded lazily, off the application's threads where it can be.
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_ulonglong, c_void};
 
@@ -20,16 +20,6 @@ struct Sample {
     dec_util: c_uint,
 }
 
-/// `nvmlProcessInfo_t` (the `_v3` query's element).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct ProcessInfo {
-    pid: c_uint,
-    used_gpu_memory: c_ulonglong,
-    gpu_instance_id: c_uint,
-    compute_instance_id: c_uint,
-}
-
 /// `nvmlUtilization_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -41,14 +31,12 @@ struct Utilization {
 type InitFn = unsafe extern "C" fn() -> NvmlReturn;
 type ByUuidFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> NvmlReturn;
 type ProcUtilFn = unsafe extern "C" fn(*mut c_void, *mut Sample, *mut c_uint, c_ulonglong) -> NvmlReturn;
-type ProcsFn = unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut ProcessInfo) -> NvmlReturn;
 type UtilFn = unsafe extern "C" fn(*mut c_void, *mut Utilization) -> NvmlReturn;
 
 /// NVML, loaded and initialised, with the container's card.
 pub struct Nvml {
     device: *mut c_void,
     proc_util: ProcUtilFn,
-    procs: ProcsFn,
     util: UtilFn,
     last_seen: c_ulonglong,
 }
@@ -87,25 +75,9 @@ impl Nvml {
         Some(Self {
             device,
             proc_util: sym(h, c"nvmlDeviceGetProcessUtilization")?,
-            procs: sym(h, c"nvmlDeviceGetComputeRunningProcesses_v3")?,
             util: sym(h, c"nvmlDeviceGetUtilizationRates")?,
             last_seen: 0,
         })
-    }
-
-    /// Host pids of the processes with a context on the card.
-    pub fn compute_pids(&self) -> Option<Vec<u32>> {
-        let mut n: c_uint = 64;
-        loop {
-            let mut buf = vec![ProcessInfo::default(); n as usize];
-            // SAFETY: `buf` holds `n` elements; NVML writes at most `n` and sets `n`.
-            let r = unsafe { (self.procs)(self.device, &mut n, buf.as_mut_ptr()) };
-            match r {
-                NVML_SUCCESS => return Some(buf[..n as usize].iter().map(|p| p.pid).collect()),
-                NVML_ERROR_INSUFFICIENT_SIZE if n as usize > buf.len() => continue,
-                _ => return None,
-            }
-        }
     }
 
     /// SM utilization (percent of the card) of `pids` since the last call; of the whole card
@@ -150,7 +122,6 @@ mod tests {
     #[test]
     fn layouts_match_nvml_h() {
         assert_eq!(std::mem::size_of::<Sample>(), 32);
-        assert_eq!(std::mem::size_of::<ProcessInfo>(), 24);
         assert_eq!(std::mem::size_of::<Utilization>(), 8);
     }
 }

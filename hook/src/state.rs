@@ -33,7 +33,7 @@ pub struct Hook {
     /// Present when launches are throttled.
     pub bucket: Option<Bucket>,
     controller: Once,
-    /// NVML, shared by host-pid discovery and the controller.
+    /// NVML, for the controller.
     pub nvml: Mutex<Option<Nvml>>,
     nvml_tried: Once,
     /// Mean blocks of a kernel launch (a graph launch is charged one such launch).

@@ -59,11 +59,13 @@ impl Container {
             .env("LD_PRELOAD", hook_lib());
         if let Some(c) = &self.config {
             let path = self.dir.path().join("config");
-            // As the NRI plugin does: every hooked container on a card gets the card's lock.
-            let card_lock = gpu.with_extension("lock");
-            std::fs::write(&card_lock, "").unwrap();
+            // As the NRI plugin does: the container's own host-pid socket.
             let state = self.state_dir.clone().unwrap_or_else(|| self.dir.path().join("state"));
-            let c = format!("{c}state_dir={}\ncard_lock={}\n", state.display(), card_lock.display());
+            let c = format!(
+                "{c}state_dir={}\npid_socket={}\n",
+                state.display(),
+                common::pid_socket().display()
+            );
             // Atomically, as the NRI plugin writes it: a process of an earlier command of this
             // container may be reading it now.
             let tmp = path.with_extension(format!("tmp{}", std::process::id()));
@@ -245,8 +247,8 @@ fn two_processes_of_a_share_together_stay_near_it() {
 /// Two containers with different shares on one card: each measures its own processes'
 /// utilization (its host pids, found when its context was created), not the card's, so each
 /// settles at its own share. Taking the card's utilization instead would have both chase the
-/// sum. Both start at once and context creation is slow (as on a real GPU), so without the
-/// card's discovery lock both would see two newcomers and neither would know its pid.
+/// sum. Both start at once and context creation is slow (as on a real GPU): each process learns
+/// its pid from its own socket, waiting for nothing the other container holds.
 #[test]
 fn two_containers_on_one_card_each_get_their_own_share() {
     let a = Container::limited(4096, Some(25));

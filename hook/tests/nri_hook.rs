@@ -7,14 +7,17 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
-use tessera_core::enforcement::{ANNOTATION_ENFORCED_BY, HOOK_LIBRARY_IN_CONTAINER, HookLayout, ShareEnforcement};
+use tessera_core::enforcement::{
+    ANNOTATION_ENFORCED_BY, HOOK_AGENT_IN_CONTAINER, HOOK_LIBRARY_IN_CONTAINER, HOOK_PID_SOCKET, HookLayout,
+    ShareEnforcement,
+};
 use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
 use tessera_core::inventory::{FixtureSource, InventorySource, NodeInventory, create_device_nodes};
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
@@ -191,6 +194,50 @@ async fn hook_mode(version: Version) -> anyhow::Result<()> {
         "{config}"
     );
     assert!(config.contains("core_limit=30"), "{config}");
+
+    // Its own host-pid socket, in its own agent directory (read-only): the node agent tells
+    // each process its host pid (not the pid it sees in its own namespace), and nothing
+    // of it is shared with another container (no card-wide lock one tenant could hold).
+    let p = pod(&mut c, &keys, "hostpid", share.clone()).await?;
+    let socket = format!("{HOOK_AGENT_IN_CONTAINER}/{HOOK_PID_SOCKET}");
+    let cid = c
+        .create_container(&p, client(&["hostpid", &socket, "1500"], &SHARE))
+        .await?;
+    let spec = c.oci_spec(&cid).await?;
+    let agent = spec
+        .mounts()
+        .iter()
+        .flatten()
+        .find(|m| m.destination() == Path::new(HOOK_AGENT_IN_CONTAINER))
+        .expect("the agent directory mounted");
+    assert!(agent.options().iter().flatten().any(|o| o == "ro"));
+    assert_eq!(agent.source().as_deref(), Some(layout.agent_dir(&cid).as_path()));
+    c.start_container(&cid).await?;
+    let host_pid = c.task_pid(&cid).await?.to_string();
+    let (code, out) = c.wait_for_exit(&cid).await?;
+    assert_eq!(code, 0, "{out}");
+    let told = kv(&out);
+    assert_eq!(told.get("host_pid"), Some(&host_pid.as_str()), "{out}");
+    assert_ne!(
+        told.get("pid"),
+        told.get("host_pid"),
+        "inside, its own pid namespace: {out}"
+    );
+    let sources = |s: &oci_spec::runtime::Spec| -> Vec<PathBuf> {
+        s.mounts()
+            .iter()
+            .flatten()
+            .filter(|m| m.destination().starts_with("/run/tessera"))
+            .filter_map(|m| m.source().clone())
+            .collect()
+    };
+    let p2 = pod(&mut c, &keys, "beside", share.clone()).await?;
+    let other = c.create_container(&p2, client(&["info"], &SHARE)).await?;
+    let (mine, theirs) = (sources(&spec), sources(&c.oci_spec(&other).await?));
+    assert!(
+        mine.len() >= 3 && !mine.iter().any(|m| theirs.contains(m)),
+        "{mine:?} / {theirs:?}"
+    );
 
     let p = pod(&mut c, &keys, "fill", share.clone()).await?;
     let cid = c.create_container(&p, client(&["fill", "512"], &SHARE)).await?;

@@ -49,15 +49,12 @@ pub fn withdraw(layout: &MpsLayout, uuid: &str) -> io::Result<()> {
 pub fn mounted_type(dir: &Path) -> Option<String> {
     let dir = dir.canonicalize().ok()?;
     let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    table
-        .lines()
-        .rev()
-        .find_map(|line| {
-            // id parent major:minor root mount-point options [optional...] - type source ...
-            let (head, tail) = line.split_once(" - ")?;
-            let point = unescape(head.split(' ').nth(4)?);
-            (point == dir).then(|| tail.split(' ').next().unwrap_or_default().to_string())
-        })
+    table.lines().rev().find_map(|line| {
+        // id parent major:minor root mount-point options [optional...] - type source ...
+        let (head, tail) = line.split_once(" - ")?;
+        let point = unescape(head.split(' ').nth(4)?);
+        (point == dir).then(|| tail.split(' ').next().unwrap_or_default().to_string())
+    })
 }
 
 /// A mount point as mountinfo writes it (space, tab, newline and backslash as octal escapes).

@@ -7,5 +7,6 @@ pub mod cdi;
 pub mod check;
 pub mod metrics;
 pub mod mux;
+pub mod pid_service;
 pub mod plugin;
 pub mod session;

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use tessera_core::enforcement::{
-    HOOK_CARD_LOCK_IN_CONTAINER, HOOK_CONFIG_IN_CONTAINER, HOOK_STATE_IN_CONTAINER, HookLayout, MpsCeiling, MpsLayout,
+    HOOK_AGENT_IN_CONTAINER, HOOK_CONFIG_IN_CONTAINER, HOOK_STATE_IN_CONTAINER, HookLayout, MpsCeiling, MpsLayout,
     ShareEnforcement, ShareLimits,
 };
 use tessera_core::handoff::{HandoffError, SigningKeys};
@@ -92,6 +92,8 @@ pub struct TesseraPlugin {
     injected: Mutex<HashMap<String, Tracked>>,
     sync: Mutex<(Vec<api::PodSandbox>, Vec<api::Container>)>,
     syncs: tokio::sync::watch::Sender<u64>,
+    /// Hook mode: each hooked container's host-pid socket.
+    pids: crate::pid_service::PidServices,
 }
 
 fn status(code: ttrpc::Code, msg: String) -> ttrpc::Error {
@@ -118,6 +120,7 @@ impl TesseraPlugin {
             injected: Mutex::new(HashMap::new()),
             sync: Mutex::new((Vec::new(), Vec::new())),
             syncs,
+            pids: Default::default(),
         }
     }
 
@@ -262,8 +265,15 @@ impl TesseraPlugin {
                         .push(adjust::bind(&files.config, HOOK_CONFIG_IN_CONTAINER, true));
                     adj.mounts
                         .push(adjust::bind(&files.state, HOOK_STATE_IN_CONTAINER, false));
+                    self.pids.serve(&container.id, &files.agent).map_err(|e| {
+                        format!(
+                            "container {:?}: cannot serve its host-pid socket in {}: {e}",
+                            container.name,
+                            files.agent.display()
+                        )
+                    })?;
                     adj.mounts
-                        .push(adjust::bind(&files.card_lock, HOOK_CARD_LOCK_IN_CONTAINER, true));
+                        .push(adjust::bind(&files.agent, HOOK_AGENT_IN_CONTAINER, true));
                 }
                 Ok(adj)
             }
@@ -289,6 +299,7 @@ impl TesseraPlugin {
                 self.set_ceiling(&s.uuid);
             }
             if self.config.enforcement == ShareEnforcement::Hook {
+                self.pids.stop(&c.id);
                 let _ = std::fs::remove_dir_all(self.config.hook.container_dir(&c.id));
             }
         }
@@ -445,6 +456,17 @@ impl Plugin for TesseraPlugin {
             // Removals missed while disconnected: drop the hook files of containers gone.
             let live: std::collections::HashSet<String> = containers.iter().map(|c| c.id.clone()).collect();
             self.config.hook.forget_except(&live);
+            // And a restarted plugin answers again on the sockets of those that remain.
+            self.pids.retain(&live);
+            for id in &live {
+                let agent = self.config.hook.agent_dir(id);
+                if !self.pids.serves(id)
+                    && agent.is_dir()
+                    && let Err(e) = self.pids.serve(id, &agent)
+                {
+                    warn!(container = id, error = %e, "cannot serve the container's host-pid socket");
+                }
+            }
         }
         *self.injected.lock().expect("not poisoned") = rebuilt;
         if self.config.enforcement == ShareEnforcement::Mps {

@@ -11,12 +11,17 @@
  *   ctx                        cuCtxCreate looked up at 12080 (the _v3 entry) and called
  *   legacy MIB                 the pre-3.2 cuMemAlloc (32-bit), which the hook must not wrap
  *   launch MS BLOCKS           launch kernels of BLOCKS blocks for MS ms; busy share of the
- *                              fake GPU over the second half */
+ *                              fake GPU over the second half
+ *   hostpid SOCKET [HOLD_MS]   what the node agent answers on a host-pid socket, and getpid();
+ *                              then stays HOLD_MS */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include "fake_gpu.h"
 
 typedef int CUresult;
@@ -206,6 +211,18 @@ int main(int argc, char **argv) {
         Dl_info info;
         int r = create ? create(&c, NULL, 0, 0, 0) : -1;
         printf("ctx=%d ctx_from=%s\n", r, create && dladdr((void *)create, &info) && info.dli_fname ? strrchr(info.dli_fname, '/') + 1 : "none");
+    } else if (!strcmp(cmd, "hostpid")) {
+        int s = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        strncpy(a.sun_path, argv[2], sizeof a.sun_path - 1);
+        char buf[32] = "";
+        if (s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) == 0) {
+            ssize_t n = read(s, buf, sizeof buf - 1);
+            buf[n > 0 ? n : 0] = 0;
+        }
+        buf[strcspn(buf, "\n")] = 0;
+        printf("host_pid=%s\npid=%d\n", buf[0] ? buf : "none", (int)getpid());
+        if (argc > 3) usleep((useconds_t)atoi(argv[3]) * 1000);
     } else if (!strcmp(cmd, "legacy")) {
         CUresult (*legacy)(unsigned *, unsigned) = NULL;
         int st;

@@ -101,3 +101,39 @@ pub fn hook_lib() -> PathBuf {
         .find(|p| p.exists())
         .unwrap_or_else(|| panic!("libtessera_cuda_hook.so not built in {candidates:?}"))
 }
+
+/// A host-pid socket served by the NRI plugin's own service, as each hooked container gets
+/// (these processes run in the test's pid namespace, so the answer is their own pid).
+pub fn pid_socket() -> &'static Path {
+    struct Served {
+        _runtime: tokio::runtime::Runtime,
+        _services: tessera_nri_plugin::pid_service::PidServices,
+        dir: tempfile::TempDir,
+    }
+    static S: OnceLock<Served> = OnceLock::new();
+    let s = S.get_or_init(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let services = tessera_nri_plugin::pid_service::PidServices::default();
+        {
+            let _in = runtime.enter();
+            services.serve("hook-tests", dir.path()).unwrap();
+        }
+        Served {
+            _runtime: runtime,
+            _services: services,
+            dir,
+        }
+    });
+    // Leaked with the process: the directory must outlive every test's children.
+    Box::leak(
+        s.dir
+            .path()
+            .join(tessera_core::enforcement::HOOK_PID_SOCKET)
+            .into_boxed_path(),
+    )
+}

@@ -395,6 +395,25 @@ impl Containerd {
         serde_json::from_value(spec).context("runtimeSpec is not an OCI spec")
     }
 
+    /// The host pid of the running container's first process, from verbose ContainerStatus.
+    pub async fn task_pid(&mut self, id: &str) -> anyhow::Result<u32> {
+        let resp = self
+            .cri()?
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: true,
+            })
+            .await?
+            .into_inner();
+        let info = resp.info.get("info").context("ContainerStatus has no info[\"info\"]")?;
+        let v: serde_json::Value = serde_json::from_str(info).context("info is not JSON")?;
+        v.get("pid")
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|p| *p > 0)
+            .with_context(|| format!("info has no pid: {info}"))
+    }
+
     /// The container's CRI status.
     pub async fn status(&mut self, id: &str) -> anyhow::Result<cri::ContainerStatus> {
         self.cri()?
@@ -411,11 +430,23 @@ impl Containerd {
     /// Starts the container and waits (up to 30 s) for it to exit; returns the exit code and
     /// what it wrote to stdout and stderr.
     pub async fn run_to_exit(&mut self, id: &str) -> anyhow::Result<(i32, String)> {
+        self.start_container(id).await?;
+        self.wait_for_exit(id).await
+    }
+
+    /// Starts a created container.
+    pub async fn start_container(&mut self, id: &str) -> anyhow::Result<()> {
         self.cri()?
             .start_container(cri::StartContainerRequest {
                 container_id: id.into(),
             })
             .await?;
+        Ok(())
+    }
+
+    /// Waits (up to 30 s) for a started container to exit; returns the exit code and what it
+    /// wrote to stdout and stderr.
+    pub async fn wait_for_exit(&mut self, id: &str) -> anyhow::Result<(i32, String)> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let st = self.status(id).await?;
