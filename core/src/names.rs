@@ -21,6 +21,9 @@ pub const ANNOTATION_INVENTORY: &str = "tessera.io/inventory";
 /// Node label: `"true"` lets one card's shares go to pods of different tenants (by default a
 /// card's shares all belong to one tenant).
 pub const LABEL_CROSS_TENANT_SHARING: &str = "tessera.io/cross-tenant-sharing";
+/// Namespace label, set by the operator: the tenant its pods belong to (namespaces with the
+/// same value are one tenant); without it a namespace is a tenant of its own.
+pub const LABEL_TENANT: &str = "tessera.io/tenant";
 /// Pod annotation: allowed GPU models, `|`-separated.
 pub const ANNOTATION_GPU_MODEL: &str = "tessera.io/gpu-model";
 /// Pod annotation: how well each container's whole cards must be connected (`nvlink`,

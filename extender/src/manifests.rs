@@ -273,6 +273,8 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
             vec![
                 rule(&[""], &["nodes"], &["get", "list", "watch"]),
                 rule(&[""], &["pods"], &["get", "list", "watch", "patch"]),
+                // Which tenant each namespace's pods belong to (tessera.io/tenant).
+                rule(&[""], &["namespaces"], &["list", "watch"]),
                 rule(&[""], &["pods/binding"], &["create"]),
                 rule(&[""], &["events"], &["create", "patch"]),
             ]

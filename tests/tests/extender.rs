@@ -948,6 +948,63 @@ async fn a_cards_shares_belong_to_one_namespace_unless_the_node_opts_in() -> any
     Ok(())
 }
 
+/// An operator groups namespaces into one tenant with the `tessera.io/tenant` label: their
+/// shares share a card, through filter and bind, as one namespace's do; an unlabelled namespace
+/// stays a tenant of its own. The label is read from a watch on namespaces: one labelled before
+/// the extender starts, one after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_labelled_into_one_tenant_share_a_card() -> anyhow::Result<()> {
+    use tessera_core::names::LABEL_TENANT;
+    let api = FakeApiServer::start().await?;
+    api.create_node(&gpu_node("t-iso", "t4x2"))?;
+    let namespace = |name: &str, group: Option<&str>| {
+        let labels = group.map(|g| json!({ LABEL_TENANT: g })).unwrap_or(json!({}));
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+    };
+    api.create_object(&namespace("ml-train", Some("ml")))?;
+    api.create_object(&namespace("other", None))?;
+    let mut r = start_replica(&api, ReplicaOptions::default()).await?;
+    let in_ns = |ns: &str, name: &str| {
+        let mut p = share_pod(name, 20, 2);
+        p.metadata.namespace = Some(ns.into());
+        p
+    };
+    let mut card = HashMap::new();
+    for (ns, name) in [("ml-train", "t1"), ("other", "o1")] {
+        let p = api.create_pod(&in_ns(ns, name))?;
+        let (_, reply) = r.http.post_json(&path("filter"), &args(&p, &["t-iso"])).await?;
+        assert_eq!(reply["NodeNames"], json!(["t-iso"]), "{name}: {reply}");
+        assert_eq!(bind(&mut r.http, &p, "t-iso").await?, "", "{name}");
+        let a = allocation_in(&api, ns, name).expect("bound");
+        card.insert(name, a.containers[0].devices[0].card_uuid().to_string());
+    }
+    assert_ne!(card["t1"], card["o1"]);
+    // Both cards now hold a tenant's shares: a namespace of its own fits on neither.
+    let lone = api.create_pod(&in_ns("ml-serve", "s0"))?;
+    let (_, reply) = r.http.post_json(&path("filter"), &args(&lone, &["t-iso"])).await?;
+    assert_eq!(
+        reply["NodeNames"],
+        json!([]),
+        "unlabelled, ml-serve is its own tenant: {reply}"
+    );
+    // Labelled into the group while the extender runs: its shares join the group's card.
+    api.create_object(&namespace("ml-serve", Some("ml")))?;
+    let p = api.create_pod(&in_ns("ml-serve", "s1"))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, reply) = r.http.post_json(&path("filter"), &args(&p, &["t-iso"])).await?;
+        if reply["NodeNames"] == json!(["t-iso"]) {
+            break;
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the label never took: {reply}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(bind(&mut r.http, &p, "t-iso").await?, "");
+    let a = allocation_in(&api, "ml-serve", "s1").expect("bound");
+    assert_eq!(a.containers[0].devices[0].card_uuid(), card["t1"], "the group's card");
+    Ok(())
+}
+
 /// Multi-GPU pods through filter and bind on a node with NVLink bridges in pairs over two NUMA
 /// nodes (the published topology): two 2-GPU pods each get a bridged pair, a 4-GPU pod stays
 /// on one NUMA node, and `tessera.io/gpu-link: nvlink` rules out nodes without a bridged pair

@@ -328,3 +328,42 @@ fn a_cards_shares_belong_to_one_tenant_unless_the_node_opts_in() {
     let busy = used(&l, "t").iter().filter(|(c, _)| *c > 0).count();
     assert!(busy < 3, "three tenants' shares packed onto {busy} card(s) of 2");
 }
+
+/// Namespaces the operator labels into one group are one tenant: their shares share a card; a
+/// group is not the namespace of the same name, and an empty label is no group.
+#[test]
+fn namespaces_labelled_into_one_group_are_one_tenant() {
+    use crate::placement::Tenant;
+    let of = Tenant::of_namespace;
+    assert_eq!(of("ml-train", Some("ml")), of("ml-serve", Some("ml")));
+    assert_ne!(of("ml-train", Some("ml")), of("ml-train", None));
+    assert_ne!(of("ml", None), of("other", Some("ml")), "group ml is not namespace ml");
+    assert_eq!(of("a", Some(" ")), of("a", None));
+    let demand = |ns: &str, label: Option<&str>| PodDemand {
+        tenant: of(ns, label),
+        ..share(200, 1024)
+    };
+    let mut l = Ledger::new(EngineConfig::default(), &TargetWorkload::default());
+    assert!(l.set_node("t", capacity("t4x2")).is_empty());
+    let card_of = |a: &Allocation| a.containers[0].devices[0].card_uuid().to_string();
+    // Spread policy would put them apart; one tenant's shares pack onto a card already theirs.
+    let a = l
+        .reserve("a", "t", &demand("ml-train", Some("ml")), None)
+        .unwrap()
+        .unwrap();
+    let b = l.reserve("b", "t", &demand("other", None), None).unwrap().unwrap();
+    let c = l
+        .reserve("c", "t", &demand("ml-serve", Some("ml")), None)
+        .unwrap()
+        .unwrap();
+    assert_ne!(card_of(&a), card_of(&b));
+    assert_eq!(card_of(&c), card_of(&a), "the group's second namespace joins its card");
+    let err = l
+        .reserve("d", "t", &demand("ml-serve", None), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("another tenant"),
+        "unlabelled, it is a tenant of its own: {err}"
+    );
+}

@@ -74,6 +74,17 @@ impl Tenant {
         first.copy_from_slice(&d[..8]);
         Tenant(u64::from_le_bytes(first).max(1))
     }
+
+    /// The tenant of a namespace's pods: the group its [`crate::names::LABEL_TENANT`] label
+    /// names, when set, else the namespace alone. A group is never a namespace's own tenant
+    /// (group `a` and an unlabelled namespace `a` are two tenants).
+    pub fn of_namespace(namespace: &str, label: Option<&str>) -> Self {
+        match label.map(str::trim).filter(|l| !l.is_empty()) {
+            // ':' is in no namespace name.
+            Some(group) => Self::named(&format!("group:{group}")),
+            None => Self::named(namespace),
+        }
+    }
 }
 
 /// Who runs a share: its user (`runAsUser`, `None` when the pod does not say) and its tenant.

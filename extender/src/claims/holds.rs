@@ -91,6 +91,8 @@ pub struct LedgerChange {
 /// The claims' GPUs and users.
 #[derive(Debug, Default)]
 pub struct ClaimHolds {
+    /// Each namespace's tenant (a retained share keeps its card to its claim's tenant).
+    tenants: std::sync::Arc<crate::service::tenants::Tenants>,
     gpus: HashMap<ClaimKey, HeldGpu>,
     users: HashMap<ClaimKey, ClaimUser>,
     by_pod: HashMap<String, Vec<ClaimKey>>,
@@ -107,7 +109,7 @@ pub fn is_booking_key(key: &str) -> bool {
 }
 
 /// The one-container booking of a held GPU.
-fn held_booking(key: &ClaimKey, g: &HeldGpu) -> Booking {
+fn held_booking(key: &ClaimKey, g: &HeldGpu, tenant: tessera_core::placement::Tenant) -> Booking {
     let container = format!("claim:{key}");
     let cards = match g.devices.first() {
         Some(AllocatedDevice::Mig { .. }) => CardDemand::Mig(
@@ -149,8 +151,7 @@ fn held_booking(key: &ClaimKey, g: &HeldGpu) -> Booking {
                 run_as_user: None,
             }],
             phases: vec![vec![0]],
-            // The claim's namespace: a retained share keeps its card to that tenant.
-            tenant: tessera_core::placement::Tenant::named(key.split_once('/').map_or("", |(ns, _)| ns)),
+            tenant,
             ..Default::default()
         },
         allocation: Some(allocation),
@@ -159,10 +160,20 @@ fn held_booking(key: &ClaimKey, g: &HeldGpu) -> Booking {
 }
 
 impl ClaimHolds {
+    /// No claims yet; tenants as `tenants` says.
+    pub fn with_tenants(tenants: std::sync::Arc<crate::service::tenants::Tenants>) -> Self {
+        Self {
+            tenants,
+            ..Default::default()
+        }
+    }
+
     /// The booking a claim's GPU needs now: retained and unused.
     fn wanted(&self, key: &ClaimKey) -> Option<(String, Booking)> {
         let g = self.gpus.get(key)?;
-        (g.retain && !self.users.contains_key(key)).then(|| (booking_key(&g.egpu), held_booking(key, g)))
+        // The claim's namespace: a retained share keeps its card to that namespace's tenant.
+        let tenant = self.tenants.of(key.split_once('/').map_or("", |(ns, _)| ns));
+        (g.retain && !self.users.contains_key(key)).then(|| (booking_key(&g.egpu), held_booking(key, g, tenant)))
     }
 
     /// Runs `f`, then says how the bookings of `keys` changed.

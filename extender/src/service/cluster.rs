@@ -16,11 +16,12 @@ use tessera_core::names::{
     ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, ANNOTATION_INVENTORY, LABEL_CROSS_TENANT_SHARING,
 };
 use tessera_core::placement::check_node_resources;
-use tessera_core::placement::{EngineConfig, PodDemand, Tenant, WorkloadLearner};
+use tessera_core::placement::{EngineConfig, PodDemand, WorkloadLearner};
 use tessera_core::quantity::Amount;
 use tessera_core::request::{GpuDemand, PodRequest, RequestError, RequestOptions};
 use tracing::{debug, warn};
 
+use super::tenants::Tenants;
 use super::wire::{HostScore, MAX_PRIORITY, MetaVictims};
 use crate::claims::holds::{ClaimHolds, LedgerChange, booking_key, is_booking_key};
 
@@ -106,6 +107,8 @@ pub struct Cluster {
     /// Claims' GPUs and users (lock order: ledger, then claims).
     claims: Mutex<ClaimHolds>,
     elastic_gpus_synced: AtomicBool,
+    /// Each namespace's tenant.
+    tenants: Arc<Tenants>,
 }
 
 /// Reads a node: its capacity, and why its GPUs cannot be used (the node publishes its
@@ -202,6 +205,7 @@ fn is_terminated(pod: &Pod) -> bool {
 impl Cluster {
     /// An empty view; not ready until both the node and the pod lists have been read.
     pub fn new(config: EngineConfig, keys: SigningKeys, opts: RequestOptions) -> Self {
+        let tenants = Arc::new(Tenants::default());
         Self {
             ledger: Mutex::new(Ledger::new(config, &Default::default())),
             learning: Mutex::new(Learning {
@@ -214,9 +218,15 @@ impl Cluster {
             not_ready: Mutex::new(BTreeMap::new()),
             nodes_synced: AtomicBool::new(false),
             pods_synced: AtomicBool::new(false),
-            claims: Mutex::new(ClaimHolds::default()),
+            claims: Mutex::new(ClaimHolds::with_tenants(tenants.clone())),
             elastic_gpus_synced: AtomicBool::new(true),
+            tenants,
         }
+    }
+
+    /// Each namespace's tenant (fed by [`super::tenants::watch`]).
+    pub fn tenants(&self) -> &Arc<Tenants> {
+        &self.tenants
     }
 
     /// The cluster has ElasticGPUs: not synced until they have been read too.
@@ -286,6 +296,7 @@ impl Cluster {
         self.nodes_synced.load(Ordering::Acquire)
             && self.pods_synced.load(Ordering::Acquire)
             && self.elastic_gpus_synced.load(Ordering::Acquire)
+            && self.tenants.synced()
     }
 
     /// Known nodes and bookings, for metrics.
@@ -356,7 +367,7 @@ impl Cluster {
             Vec::new()
         };
         let mut demand = PodDemand::from_request(&request);
-        demand.tenant = Tenant::named(ns);
+        demand.tenant = self.tenants.of(ns);
         Ok(PodAsk {
             demand,
             core_limit: request.core_limit,

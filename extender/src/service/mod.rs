@@ -9,6 +9,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod podview;
+pub mod tenants;
 pub mod tls;
 pub mod watch;
 pub mod wire;
@@ -152,14 +153,22 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
     let claims = cfg
         .claims
         .then(|| crate::claims::watch(&client, cluster.clone(), trigger.clone()));
+    // Namespaces' tenants first: a pod is booked under its tenant.
+    cluster.tenants().track();
+    let pods = watch::pods(
+        client.clone(),
+        cluster.clone(),
+        writer,
+        cfg.claims.then(|| trigger.clone()),
+    );
+    let tenants = cluster.tenants().clone();
     let mut tasks = vec![
+        tokio::spawn(tenants::watch(client.clone(), tenants.clone())),
         tokio::spawn(watch::nodes(client.clone(), cluster.clone())),
-        tokio::spawn(watch::pods(
-            client.clone(),
-            cluster.clone(),
-            writer,
-            cfg.claims.then(|| trigger.clone()),
-        )),
+        tokio::spawn(async move {
+            tenants.wait_synced().await;
+            pods.await
+        }),
     ];
     let (leading_tx, leading_rx) = tokio_watch::channel(cfg.lease.is_none());
     let mut webhook_server = None;

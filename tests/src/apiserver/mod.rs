@@ -39,6 +39,8 @@ pub enum Kind {
     Node,
     /// core/v1 Pod.
     Pod,
+    /// core/v1 Namespace (cluster-scoped).
+    Namespace,
     /// coordination.k8s.io/v1 Lease.
     Lease,
     /// core/v1 Event.
@@ -72,7 +74,7 @@ const GENERIC: &[(Kind, &str, &str)] = &[
 impl Kind {
     fn api_version(self) -> &'static str {
         match self {
-            Kind::Node | Kind::Pod | Kind::Event => "v1",
+            Kind::Node | Kind::Pod | Kind::Namespace | Kind::Event => "v1",
             k => GENERIC.iter().find(|g| g.0 == k).map(|g| g.1).expect("listed"),
         }
     }
@@ -81,6 +83,7 @@ impl Kind {
         match self {
             Kind::Node => "Node",
             Kind::Pod => "Pod",
+            Kind::Namespace => "Namespace",
             Kind::Lease => "Lease",
             Kind::Event => "Event",
             Kind::Secret => "Secret",
@@ -95,7 +98,11 @@ impl Kind {
     fn namespaced(self) -> bool {
         !matches!(
             self,
-            Kind::Node | Kind::MutatingWebhookConfiguration | Kind::ElasticGpu | Kind::ElasticGpuClass
+            Kind::Node
+                | Kind::Namespace
+                | Kind::MutatingWebhookConfiguration
+                | Kind::ElasticGpu
+                | Kind::ElasticGpuClass
         )
     }
 
@@ -546,6 +553,38 @@ fn router(inner: Arc<Inner>) -> Router {
             }),
         )
         .route(
+            "/api/v1/namespaces",
+            get(|State(i): S, Query(q): Query<ListQuery>| list_or_watch(i, Kind::Namespace, None, q)).post(
+                |State(i): S, b: Bytes| async move {
+                    respond(
+                        parse_body(&b).and_then(|v| i.create(Kind::Namespace, "", v)),
+                        StatusCode::CREATED,
+                    )
+                },
+            ),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}",
+            get(|State(i): S, Path(n): Path<String>| async move {
+                respond(
+                    i.get(Kind::Namespace, "", &n)
+                        .ok_or_else(|| status(StatusCode::NOT_FOUND, "NotFound", format!("namespace {n:?} not found"))),
+                    StatusCode::OK,
+                )
+            })
+            .patch(
+                |State(i): S, Path(n): Path<String>, h: HeaderMap, b: Bytes| async move {
+                    respond(
+                        patch_fn(&h, &b).and_then(|f| i.update(Kind::Namespace, "", &n, f)),
+                        StatusCode::OK,
+                    )
+                },
+            )
+            .delete(|State(i): S, Path(n): Path<String>| async move {
+                respond(i.delete(Kind::Namespace, "", &n), StatusCode::OK)
+            }),
+        )
+        .route(
             "/api/v1/pods",
             get(|State(i): S, Query(q): Query<ListQuery>| list_or_watch(i, Kind::Pod, None, q)),
         )
@@ -737,7 +776,7 @@ impl FakeApiServer {
         let kind = GENERIC
             .iter()
             .map(|g| g.0)
-            .chain([Kind::Node, Kind::Pod, Kind::Event])
+            .chain([Kind::Node, Kind::Pod, Kind::Namespace, Kind::Event])
             .find(|k| obj["kind"] == k.name())
             .ok_or_else(|| anyhow::anyhow!("the fake does not serve kind {}", obj["kind"]))?;
         let ns = if kind.namespaced() {
