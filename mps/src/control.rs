@@ -85,7 +85,29 @@ impl MpsBinaries {
 
     /// Sends one control command (`get_default_active_thread_percentage`, `quit`) to a card's
     /// daemon and returns its answer; an error when the daemon does not answer in `timeout`.
+    /// The daemon serves one control connection at a time and turns others away ("Cannot send
+    /// command"): those are tried again until `timeout`, so a client keeping it busy does not
+    /// make a health check or a ceiling fail.
     pub async fn command(
+        &self,
+        layout: &MpsLayout,
+        uuid: &str,
+        cmd: &str,
+        timeout: Duration,
+    ) -> Result<String, String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.command_once(layout, uuid, cmd, left).await {
+                Err(e) if e.contains(BUSY) && tokio::time::Instant::now() + BUSY_RETRY < deadline => {
+                    tokio::time::sleep(BUSY_RETRY).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn command_once(
         &self,
         layout: &MpsLayout,
         uuid: &str,
@@ -123,6 +145,11 @@ impl MpsBinaries {
         }
     }
 }
+
+/// What the control client says when the daemon turned its connection away (busy with another).
+const BUSY: &str = "Cannot send command";
+/// How long a turned-away command waits before it is sent again.
+const BUSY_RETRY: Duration = Duration::from_millis(20);
 
 /// A memory limit as the control daemon prints it back: whole GiB, rounded down, from 1 GiB
 /// on (`1536M` reads back `1G`), else MiB. Read-backs are compared at that resolution.

@@ -10,3 +10,4 @@ pub mod leftover;
 pub mod namespace;
 pub mod status;
 pub mod supervisor;
+pub mod tamper;

@@ -199,7 +199,11 @@ fn chatter(line: &str, in_query: &mut bool) -> bool {
 /// The command the health check sends.
 const HEALTH_QUERY: &str = "get_default_active_thread_percentage";
 
-fn spawn(config: &SupervisorConfig, uuid: &str, last: &LastWords) -> std::io::Result<Child> {
+/// Commands clients sent the daemon that change their limits or stop them, as it logs them.
+type Commands = tokio::sync::mpsc::UnboundedReceiver<crate::tamper::Command>;
+
+fn spawn(config: &SupervisorConfig, uuid: &str, last: &LastWords) -> std::io::Result<(Child, Commands)> {
+    let (commands, heard) = tokio::sync::mpsc::unbounded_channel();
     let mut child = Command::new(&config.exec_self)
         .arg("exec-daemon")
         .arg("--shm")
@@ -231,10 +235,14 @@ fn spawn(config: &SupervisorConfig, uuid: &str, last: &LastWords) -> std::io::Re
     {
         let uuid = uuid.to_string();
         let last = last.clone();
+        let commands = commands.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stream).lines();
             let mut in_query = false;
             while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(c) = crate::tamper::Command::in_log(&line) {
+                    let _ = commands.send(c);
+                }
                 if chatter(&line, &mut in_query) {
                     debug!(uuid, "mps-control: {line}");
                 } else {
@@ -244,7 +252,7 @@ fn spawn(config: &SupervisorConfig, uuid: &str, last: &LastWords) -> std::io::Re
             }
         });
     }
-    Ok(child)
+    Ok((child, heard))
 }
 
 /// How one run of a daemon ended.
@@ -275,11 +283,11 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
             stop_leftover(&config, &uuid).await;
         }
         let ended = match prepared.and_then(|()| spawn(&config, &uuid, &last)) {
-            Ok(child) => {
+            Ok((child, heard)) => {
                 state.pid = child.id();
                 write(&config, &uuid, &state);
                 info!(uuid, pid = state.pid, restarts, "MPS daemon started");
-                run(&config, &uuid, child, &mut state, &mut stop, &last).await
+                run(&config, &uuid, (child, heard), &mut state, &mut stop, &last).await
             }
             Err(e) => Ended::Failed {
                 reason: format!("cannot start: {e}"),
@@ -413,7 +421,7 @@ fn with_last_words(reason: String, last: &LastWords) -> String {
 async fn run(
     config: &SupervisorConfig,
     uuid: &str,
-    mut child: Child,
+    (mut child, mut heard): (Child, Commands),
     state: &mut MpsState,
     stop: &mut watch::Receiver<bool>,
     last: &LastWords,
@@ -489,6 +497,20 @@ async fn run(
                 ready_for: ready_since.elapsed(),
             },
             _ = ceiling_tick.tick() => sync_ceiling(config, uuid, state).await,
+            Some(cmd) = heard.recv() => {
+                if let crate::tamper::Command::Stop(c) = &cmd {
+                    warn!(uuid, command = c, "a client of the card stopped MPS work through the control socket (MPS cannot refuse it)");
+                    continue;
+                }
+                let wanted = config.layout.read_ceiling(uuid).ok().flatten().unwrap_or(MpsCeiling::CLOSED);
+                if cmd.breaks(&wanted) {
+                    warn!(uuid, command = ?cmd, "the MPS daemon's limits were changed by a client: setting them again");
+                    // Not held (a client's change raced this one): the ceiling tick tries again,
+                    // and the health check restarts a daemon that keeps refusing it.
+                    state.ceiling = None;
+                    sync_ceiling(config, uuid, state).await;
+                }
+            }
             _ = check_tick.tick() => {
                 match config.binaries.defaults(&config.layout, uuid, config.command_timeout).await {
                     Ok(held) => {

@@ -30,6 +30,11 @@ struct Running {
 
 impl Running {
     fn start(root: &Path, fixture: &str, b: Branch) -> Self {
+        Self::start_checking(root, fixture, b, 1)
+    }
+
+    /// With health checks every `check_secs`.
+    fn start_checking(root: &Path, fixture: &str, b: Branch, check_secs: u32) -> Self {
         let log = root.join(format!(
             "supervisor-{}.log",
             std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos()
@@ -41,7 +46,7 @@ impl Running {
                 "--fixture",
                 fixture,
                 "--check-secs",
-                "1",
+                &check_secs.to_string(),
                 "--backoff-ms",
                 "200",
                 "--shm-mib",
@@ -433,18 +438,28 @@ fn ask(layout: &MpsLayout, uuid: &str, cmd: &str, uid: Option<u32>) -> String {
 fn ask_in(dir: &Path, cmd: &str, uid: Option<u32>) -> String {
     use std::io::Write as _;
     use std::os::unix::process::CommandExt as _;
-    let mut c = Command::new(control(Branch::R535));
-    c.env("CUDA_MPS_PIPE_DIRECTORY", dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
-    if let Some(uid) = uid {
-        c.uid(uid).gid(uid);
+    // The daemon serves one control connection at a time: a client that meets it busy (the
+    // supervisor putting a ceiling back) is told "Cannot send command" and tries again.
+    for _ in 0..50 {
+        let mut c = Command::new(control(Branch::R535));
+        c.env("CUDA_MPS_PIPE_DIRECTORY", dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(uid) = uid {
+            c.uid(uid).gid(uid);
+        }
+        let mut child = c.spawn().unwrap();
+        // The client exits at once when it finds no daemon: its stdin may be closed by then.
+        let _ = writeln!(child.stdin.take().unwrap(), "{cmd}");
+        let out = child.wait_with_output().unwrap();
+        if String::from_utf8_lossy(&out.stderr).contains("Cannot send command") {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        return String::from_utf8_lossy(&out.stdout).trim().to_string();
     }
-    let mut child = c.spawn().unwrap();
-    writeln!(child.stdin.take().unwrap(), "{cmd}").unwrap();
-    String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout)
-        .trim()
-        .to_string()
+    panic!("{cmd}: the daemon stayed busy")
 }
 
 #[test]
@@ -452,7 +467,8 @@ fn the_daemon_holds_the_cards_ceiling_and_a_client_cannot_lift_it() {
     use tessera_core::enforcement::MpsCeiling;
     let dir = tempfile::tempdir().unwrap();
     let cards = uuids("t4x2");
-    let s = Running::start(dir.path(), "t4x2", Branch::R535);
+    // Health checks a minute apart: what puts a client's change back is the daemon's own log.
+    let s = Running::start_checking(dir.path(), "t4x2", Branch::R535, 60);
     s.wait("ready", Duration::from_secs(20), |s| cards.iter().all(|u| s.ready(u)));
     // No share placed: the daemon is closed to clients (the least MPS takes), not 100%.
     let defaults = |u: &str| {
@@ -478,8 +494,8 @@ fn the_daemon_holds_the_cards_ceiling_and_a_client_cannot_lift_it() {
         ("1.0".into(), "1M".into()),
         "the other card is untouched"
     );
-    // A tenant (any uid reaches the control socket) lifts the default: the next check puts it
-    // back.
+    // A tenant (any uid reaches the control socket) lifts the default: the supervisor reads
+    // the command off the daemon's log and puts the ceiling back at once, not at the next check.
     let tenant = s.layout.client_dir(&cards[0]);
     assert_eq!(
         ask_in(&tenant, "set_default_active_thread_percentage 100", Some(65534)),
@@ -491,10 +507,20 @@ fn the_daemon_holds_the_cards_ceiling_and_a_client_cannot_lift_it() {
         ask_in(&tenant, "quit", None),
         "Not enough privilege to execute quit command"
     );
-    s.wait("the ceiling restored", Duration::from_secs(5), |_| {
+    s.wait("the ceiling restored", Duration::from_secs(2), |_| {
         defaults(&cards[0]) == ("30.0".into(), "8G".into())
     });
     assert!(s.log().contains("changed by a client"), "{}", s.log());
+    // Lowered, too (a tenant starving the card's other shares): put back.
+    ask_in(&tenant, "set_default_active_thread_percentage 1", Some(65534));
+    s.wait("the ceiling restored", Duration::from_secs(2), |_| {
+        defaults(&cards[0]).0 == "30.0"
+    });
+    // A server stopped through the socket cannot be refused; it is reported.
+    ask_in(&tenant, "shutdown_server 4242", Some(65534));
+    s.wait("the stop reported", Duration::from_secs(2), |s| {
+        s.log().contains("stopped MPS work through the control socket")
+    });
     // A restarted daemon gets the ceiling before it is ready.
     let pid = s.pid(&cards[0]);
     kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
