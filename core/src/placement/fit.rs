@@ -288,9 +288,10 @@ fn place_container(
             };
             let mem =
                 memory_mib.unwrap_or(node.cards[pick].memory_mib * u64::from(*core_milli) / u64::from(CARD_MILLI));
+            // Not busy: another container of the pod may share the card too (its free
+            // compute and memory are what limit it).
             free[pick].0 -= core_milli;
             free[pick].1 -= mem;
-            busy[pick] = true;
             Ok(vec![CardAssign {
                 card: pick,
                 core_milli: *core_milli,

@@ -80,11 +80,26 @@ pub struct FilterReply<'a> {
     #[serde(serialize_with = "as_map")]
     pub failed_and_unresolvable_nodes: Vec<(&'a str, Arc<str>)>,
     /// A non-empty error fails the whole call.
+    #[serde(serialize_with = "as_text")]
     pub error: String,
 }
 
+fn as_text<S: serde::Serializer>(v: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&no_percent_sign(v))
+}
+
 fn as_map<S: serde::Serializer>(v: &[(&str, Arc<str>)], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_map(v.iter().map(|(k, r)| (k, &**r)))
+    s.collect_map(v.iter().map(|(k, r)| (k, no_percent_sign(r))))
+}
+
+/// A reason as the scheduler can show it: kube-scheduler records an extender's reasons in the
+/// pod's FailedScheduling event as a format string, so `50% core` would read `50%!c(MISSING)ore`.
+pub fn no_percent_sign(reason: &str) -> std::borrow::Cow<'_, str> {
+    if reason.contains('%') {
+        reason.replace('%', " percent").into()
+    } else {
+        reason.into()
+    }
 }
 
 /// A prioritize entry as the extender writes it (the same JSON as [`HostPriority`]).
@@ -255,5 +270,24 @@ mod tests {
         assert!(matches!(names[0].0, Cow::Borrowed("n1")));
         assert!(matches!(&names[1].0, Cow::Owned(n) if n == "n2"));
         assert_eq!(args.candidates(), ["n1", "n2"]);
+    }
+
+    /// The scheduler shows reasons through a format string: none carries a `%`.
+    #[test]
+    fn reasons_reach_the_scheduler_without_percent_signs() {
+        let reason: Arc<str> = "best card has 50% core, 5 GiB free; needs 60%, 6 GiB".into();
+        let reply = FilterReply {
+            failed_nodes: vec![("n1", reason.clone())],
+            failed_and_unresolvable_nodes: vec![("n2", "plain".into())],
+            error: "100% wrong".into(),
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&reply).unwrap();
+        assert_eq!(
+            json["FailedNodes"]["n1"],
+            "best card has 50 percent core, 5 GiB free; needs 60 percent, 6 GiB"
+        );
+        assert_eq!(json["FailedAndUnresolvableNodes"]["n2"], "plain");
+        assert_eq!(json["Error"], "100 percent wrong");
     }
 }
