@@ -11,6 +11,9 @@ bash tests/runtimes/fetch.sh
 # NVIDIA's real driver userspace (two branches, four node layouts; cached under .cache/nvidia).
 echo "== NVIDIA userspace (tests/nvidia/fetch.sh):"
 bash tests/nvidia/fetch.sh
+# A real Kubernetes (the shared multi-call binary, or KUBE_BIN_DIR), etcd and the CNI plugins.
+echo "== Kubernetes (tests/cluster/fetch.sh):"
+bash tests/cluster/fetch.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

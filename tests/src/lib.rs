@@ -2,6 +2,7 @@
 //! containerd (1.7 and 2.x) on private paths and drives it through CRI, as the kubelet does.
 
 pub mod apiserver;
+pub mod cluster;
 pub mod containerd;
 pub mod fake_node;
 pub mod fetched;
