@@ -16,6 +16,8 @@ echo "== Kubernetes (tests/cluster/fetch.sh):"
 bash tests/cluster/fetch.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The real-cluster tests run Tessera's own binaries (tests/tests/cluster.rs): built first.
+cargo build --workspace --bins --locked
 cargo test --workspace --locked
 # The hook as containers get it (glibc 2.28 symbols, built with zig): its suites again.
 echo "== the shipped CUDA hook (hook/build-portable.sh):"

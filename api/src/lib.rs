@@ -26,11 +26,39 @@ pub const VERSION: &str = "v1alpha1";
 
 /// The three CustomResourceDefinitions, for the install manifests.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![
+    let mut crds = vec![
         class::ElasticGpuClass::crd(),
         claim::ElasticGpuClaim::crd(),
         egpu::ElasticGpu::crd(),
-    ]
+    ];
+    for crd in &mut crds {
+        for version in &mut crd.spec.versions {
+            if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
+                let mut v = serde_json::to_value(&*schema).expect("a schema serializes");
+                drop_unknown_formats(&mut v);
+                *schema = serde_json::from_value(v).expect("still a schema");
+            }
+        }
+    }
+    crds
+}
+
+/// Removes the integer formats schemars writes for unsigned types (`uint32`, `uint64`, ...),
+/// which the API server does not know and warns about on every apply; their `minimum: 0` stays.
+fn drop_unknown_formats(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            if m.get("format")
+                .and_then(|f| f.as_str())
+                .is_some_and(|f| f.starts_with("uint") || f == "int8" || f == "int16")
+            {
+                m.remove("format");
+            }
+            m.values_mut().for_each(drop_unknown_formats);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(drop_unknown_formats),
+        _ => {}
+    }
 }
 
 /// The schema of a map of quantities (`10`, `4`, `8Gi`): integers or strings.

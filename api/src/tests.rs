@@ -241,6 +241,23 @@ fn assert_structural(path: &str, s: &Value) {
         o.contains_key("type") || o.contains_key("x-kubernetes-int-or-string"),
         "{path} has no type: {s}"
     );
+    // Formats the API server knows (it warns about any other on every apply).
+    if let Some(f) = o.get("format").and_then(Value::as_str) {
+        assert!(
+            [
+                "int32",
+                "int64",
+                "float",
+                "double",
+                "byte",
+                "date",
+                "date-time",
+                "password"
+            ]
+            .contains(&f),
+            "{path} has format {f:?}"
+        );
+    }
     for (k, v) in o.get("properties").and_then(Value::as_object).into_iter().flatten() {
         assert_structural(&format!("{path}.{k}"), v);
     }

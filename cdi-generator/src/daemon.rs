@@ -139,12 +139,12 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let mut generator = Generator::default();
     let client = if config.node_name.is_some() {
-        crate::publish::in_cluster_client().await
+        crate::publish::cluster_client().await
     } else {
         None
     };
     if config.node_name.is_some() && client.is_none() {
-        info!("not running in a cluster: the inventory is not published");
+        info!("no cluster to publish to (neither in a pod nor a kubeconfig): the inventory is not published");
     }
     let mut published: Option<NodeInventory> = None;
     let mut ticker = tokio::time::interval(config.interval);

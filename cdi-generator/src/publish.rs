@@ -33,11 +33,11 @@ pub async fn publish(
     Ok(())
 }
 
-/// A client when running in a cluster (service account and `KUBERNETES_SERVICE_HOST`), else
-/// `None`: outside a cluster publishing is skipped.
-pub async fn in_cluster_client() -> Option<kube::Client> {
-    std::env::var_os("KUBERNETES_SERVICE_HOST")?;
-    let config = kube::Config::incluster().ok()?;
+/// A client for the cluster: its service account when running in a pod, else the kubeconfig
+/// (`KUBECONFIG`, `~/.kube/config`), as kubectl finds it; `None` when there is neither
+/// (publishing is then skipped).
+pub async fn cluster_client() -> Option<kube::Client> {
+    let config = kube::Config::infer().await.ok()?;
     // Two rustls providers are linked (ring for kube, aws-lc-rs via the CDI crate's schema
     // validator): pick one explicitly.
     let _ = rustls::crypto::ring::default_provider().install_default();

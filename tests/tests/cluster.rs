@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use tessera_tests::cluster::Cluster;
 
 const BUSYBOX_POD: &str = r#"apiVersion: v1
@@ -30,6 +31,9 @@ async fn a_real_cluster_runs_a_pod_and_leaves_nothing_behind() -> anyhow::Result
     let logs = c.kubectl_ok(&["logs", "hello"])?;
     assert!(logs.starts_with("hello from"), "{logs}");
     let (dir, netns) = (c.dir().to_path_buf(), c.netns().to_string());
+    let uid = c.kubectl_ok(&["get", "pod", "hello", "-o", "jsonpath={.metadata.uid}"])?;
+    let pod_cgroup = format!("pod{uid}");
+    assert!(!cgroups_named(&pod_cgroup).is_empty(), "the kubelet made {pod_cgroup}");
     assert!(
         !c.mounts().is_empty(),
         "a running pod has mounts under the cluster's folder"
@@ -52,9 +56,439 @@ async fn a_real_cluster_runs_a_pod_and_leaves_nothing_behind() -> anyhow::Result
             String::from_utf8_lossy(&cmdline).replace('\0', " ")
         );
     }
-    assert!(
-        !std::path::Path::new("/sys/fs/cgroup/kubepods").exists()
-            || std::fs::read_dir("/sys/fs/cgroup/kubepods")?.next().is_none()
+    assert_eq!(cgroups_named(&pod_cgroup), Vec::<std::path::PathBuf>::new());
+    Ok(())
+}
+
+/// The pod cgroup folders named `name`, in every hierarchy (the kubelet's cgroupfs layout:
+/// `kubepods/[besteffort|burstable]/pod<uid>`).
+fn cgroups_named(name: &str) -> Vec<std::path::PathBuf> {
+    let mut roots = vec![std::path::PathBuf::from("/sys/fs/cgroup/kubepods")];
+    for e in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+        roots.push(e.path().join("kubepods"));
+    }
+    let mut out = Vec::new();
+    for root in roots {
+        for sub in ["", "besteffort", "burstable"] {
+            let p = root.join(sub).join(name);
+            if p.is_dir() {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+mod tessera {
+    //! Tessera installed on the real cluster as users install it: the rendered manifests
+    //! applied (CRDs, namespace, RBAC, ServiceAccounts, the scheduler's configuration, the
+    //! webhook configuration), the hand-off key Secret created as the README says. The
+    //! workloads (the extender Deployment, the second scheduler, the node DaemonSet) run as
+    //! processes of the test in the cluster's network namespace, with the flags and
+    //! environment the manifests give their containers and each one's ServiceAccount token, so
+    //! that the manifests' RBAC is what they are allowed: no registry here, and the node agents
+    //! read a fixture node (t4x2) instead of NVML, with NVIDIA's real 535 driver files as the
+    //! driver. What differs is only where things are: the cluster's containerd sockets and
+    //! CDI folder instead of /var/run's, `/` as the host root, the extender on loopback (no
+    //! kube-proxy routes Services here).
+
+    use std::collections::BTreeMap;
+    use std::path::{Path, PathBuf};
+
+    use anyhow::Context as _;
+    use serde_json::Value;
+    use tessera_core::inventory::{FixtureSource, InventorySource, create_device_nodes};
+    use tessera_extender::manifests::{self, ManifestOptions};
+    use tessera_tests::cluster::{Cluster, NODE};
+    use tessera_tests::nvidia::{Branch, Layout, Userspace};
+
+    pub const NS: &str = "tessera-system";
+
+    /// A Tessera binary from the target folder (`cargo build --workspace --bins`, which
+    /// scripts/test.sh runs first: cargo builds a package's binaries only for its own tests).
+    fn bin(name: &str) -> PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        let path = exe.parent().unwrap().parent().unwrap().join(name);
+        assert!(
+            path.exists(),
+            "{} is not built: run `cargo build --workspace --bins` first",
+            path.display()
+        );
+        path
+    }
+
+    /// A kubeconfig for ServiceAccount `sa` (a token the API server issues).
+    fn sa_kubeconfig(c: &Cluster, sa: &str) -> anyhow::Result<PathBuf> {
+        let token = c.kubectl_ok(&["-n", NS, "create", "token", sa, "--duration=2h"])?;
+        let path = c.dir().join(format!("{sa}.kubeconfig"));
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster: {{server: \"{}\", \
+                 certificate-authority: \"{}\"}}\nusers:\n- name: {sa}\n  user: {{token: \"{}\"}}\ncontexts:\n\
+                 - name: {sa}\n  context: {{cluster: local, user: {sa}, namespace: {NS}}}\ncurrent-context: {sa}\n",
+                tessera_tests::cluster::pki::SERVER,
+                c.pki().file("ca.crt").display(),
+                token.trim()
+            ),
+        )?;
+        Ok(path)
+    }
+
+    /// `args` with the values of the flags in `set` replaced (flags given as `--flag=value`).
+    fn with_flags(args: &[String], set: &[(&str, String)]) -> Vec<String> {
+        args.iter()
+            .map(|a| {
+                set.iter()
+                    .find(|(f, _)| a.starts_with(&format!("{f}=")))
+                    .map_or_else(|| a.clone(), |(f, v)| format!("{f}={v}"))
+            })
+            .collect()
+    }
+
+    /// The container `name` of workload `kind/object` in the rendered manifests.
+    fn container<'a>(objects: &'a [Value], kind: &str, object: &str, name: &str) -> &'a Value {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == object)
+            .and_then(|o| {
+                o["spec"]["template"]["spec"]["containers"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["name"] == name)
+            })
+            .unwrap_or_else(|| panic!("no container {name} in {kind}/{object}"))
+    }
+
+    fn args_of(c: &Value) -> Vec<String> {
+        c["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect()
+    }
+
+    /// The container's literal environment (fieldRefs are set by the caller).
+    fn env_of(c: &Value) -> BTreeMap<String, String> {
+        c["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+            .collect()
+    }
+
+    /// What a started Tessera needs to be looked at.
+    pub struct Installed {
+        /// The hand-off keys, as the extender and the NRI plugin read them.
+        pub keys_dir: PathBuf,
+    }
+
+    /// Applies the manifests and starts Tessera's components on `c`.
+    pub async fn install(c: &mut Cluster) -> anyhow::Result<Installed> {
+        let opts = ManifestOptions {
+            share_enforcement: tessera_core::enforcement::ShareEnforcement::None,
+            ..Default::default()
+        };
+        let objects = manifests::objects(&opts);
+        // Everything but the workloads, which run as the test's processes below.
+        let applied: Vec<String> = objects
+            .iter()
+            .filter(|o| !matches!(o["kind"].as_str(), Some("Deployment" | "DaemonSet")))
+            .map(|o| serde_json::to_string(o).unwrap())
+            .collect();
+        let out = c.apply(&applied.join("\n---\n"))?;
+        assert!(!out.contains("Warning"), "the manifests draw warnings: {out}");
+        // The hand-off key, as the README creates it.
+        let keys_dir = c.dir().join("keys");
+        std::fs::create_dir_all(&keys_dir)?;
+        std::fs::write(keys_dir.join("active"), "k1")?;
+        std::fs::write(keys_dir.join("k1"), [7u8; 32])?;
+        c.kubectl_ok(&[
+            "-n",
+            NS,
+            "create",
+            "secret",
+            "generic",
+            manifests::KEYS_SECRET,
+            "--from-literal=active=k1",
+            &format!("--from-file=k1={}", keys_dir.join("k1").display()),
+        ])?;
+        c.kubectl_ok(&["label", "node", NODE, "tessera.io/gpu-node=true"])?;
+
+        // The node: fake device nodes of the fixture, NVIDIA's real 535 files as the driver.
+        let inv = FixtureSource::new("t4x2").discover()?;
+        let dev_root = c.dir().join("devroot");
+        create_device_nodes(&inv, &dev_root)?;
+        let driver_root = Userspace::get()?.root(Branch::R535, Layout::Distro).to_path_buf();
+        let (mps_root, hook_root) = (c.dir().join("mps"), c.dir().join("hook"));
+        let node_env = |cont: &Value| -> BTreeMap<String, String> {
+            let mut e = env_of(cont);
+            e.insert("NODE_NAME".into(), NODE.into());
+            e.insert("TESSERA_MPS_ROOT".into(), mps_root.display().to_string());
+            e.insert("TESSERA_HOOK_ROOT".into(), hook_root.display().to_string());
+            e
+        };
+        let node_kubeconfig = sa_kubeconfig(c, "tessera-node")?;
+        let node_sets: Vec<(&str, String)> = vec![
+            ("--host-root", "/".to_string()),
+            ("--cdi-dir", c.cdi_dir().display().to_string()),
+            ("--keys-dir", keys_dir.display().to_string()),
+            ("--socket", c.nri_socket().display().to_string()),
+            ("--proc-root", "/proc".to_string()),
+            ("--metrics-listen", "127.0.0.1:9403".to_string()),
+        ];
+        let fixture = [
+            "--fixture=t4x2".to_string(),
+            format!("--driver-root={}", driver_root.display()),
+            format!("--dev-root={}", dev_root.display()),
+        ];
+        for (name, extra) in [
+            (
+                "cdi-generator",
+                vec![format!("--driver-bundle-dir={}", c.dir().join("bundles").display())],
+            ),
+            ("device-plugin", vec![]),
+            ("nri-plugin", vec![]),
+        ] {
+            let cont = container(&objects, "DaemonSet", "tessera-node", name);
+            let program = cont["command"][0].as_str().context("a command")?.to_string();
+            let mut args = with_flags(&args_of(cont), &node_sets);
+            match name {
+                "cdi-generator" => args.extend(fixture.iter().cloned().chain(extra)),
+                "device-plugin" => args.extend(fixture[..2].iter().cloned()),
+                _ => {}
+            }
+            let mut cmd = c.command(bin(&program));
+            cmd.args(&args)
+                .envs(node_env(cont))
+                .env("KUBECONFIG", &node_kubeconfig)
+                .env("RUST_LOG", "info");
+            c.spawn(name, cmd)?;
+        }
+
+        // The extender, with its ServiceAccount's rights.
+        let ext = container(&objects, "Deployment", "tessera-extender", "extender");
+        let mut cmd = c.command(bin("tessera-extender"));
+        cmd.args(with_flags(
+            &args_of(ext),
+            &[
+                ("--keys-dir", keys_dir.display().to_string()),
+                ("--listen", "127.0.0.1:8888".to_string()),
+            ],
+        ))
+        .envs(env_of(ext))
+        .env("POD_NAME", "tessera-extender-0")
+        .env("POD_NAMESPACE", NS)
+        .env("KUBECONFIG", sa_kubeconfig(c, "tessera-extender")?);
+        c.spawn("extender", cmd)?;
+
+        // The second scheduler: the manifests' configuration, the extender on loopback.
+        let config = objects
+            .iter()
+            .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "tessera-scheduler")
+            .and_then(|o| o["data"]["scheduler-config.yaml"].as_str())
+            .context("the scheduler's ConfigMap")?
+            .replace(
+                &format!("http://tessera-extender.{NS}.svc:8888"),
+                "http://127.0.0.1:8888",
+            );
+        let sched_kc = sa_kubeconfig(c, "tessera-scheduler")?;
+        let config = format!("{}clientConnection:\n  kubeconfig: {}\n", config, sched_kc.display());
+        let config_path = c.dir().join("tessera-scheduler.yaml");
+        std::fs::write(&config_path, config)?;
+        let mut cmd = c.command(c.kube_bin().join("kube-scheduler"));
+        cmd.arg(format!("--config={}", config_path.display()))
+            .args(["--secure-port=10269", "--bind-address=127.0.0.1", "-v=2"])
+            .arg(format!("--authentication-kubeconfig={}", sched_kc.display()))
+            .arg(format!("--authorization-kubeconfig={}", sched_kc.display()));
+        c.spawn("tessera-scheduler", cmd)?;
+
+        // Ready: the node publishes its GPUs (the device plugin's resources on the node).
+        c.wait_for(
+            &[&format!("node/{NODE}")],
+            "{.status.allocatable.tessera\\.io/gpu-core}",
+            "200",
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "device plugin:\n{}\ncdi-generator:\n{}",
+                c.log_tail("device-plugin", 20),
+                c.log_tail("cdi-generator", 20)
+            )
+        })?;
+        Ok(Installed { keys_dir })
+    }
+
+    /// Checks the signed allocation `pod` carries with the hand-off keys.
+    pub fn allocation(c: &Cluster, keys: &Path, pod: &str) -> anyhow::Result<tessera_core::handoff::Allocation> {
+        let json = c.kubectl_ok(&["get", "pod", pod, "-o", "json"])?;
+        let v: Value = serde_json::from_str(&json)?;
+        let a = &v["metadata"]["annotations"];
+        let signed = tessera_core::handoff::SignedAllocation {
+            allocation: a[tessera_core::names::ANNOTATION_ALLOCATION]
+                .as_str()
+                .context("no allocation")?
+                .to_string(),
+            signature: a[tessera_core::names::ANNOTATION_ALLOCATION_SIGNATURE]
+                .as_str()
+                .context("no signature")?
+                .to_string(),
+        };
+        let keys = tessera_core::handoff::SigningKeys::from_dir(keys)?;
+        let uid = v["metadata"]["uid"].as_str().context("no uid")?;
+        Ok(keys.verify(Some(&signed.allocation), Some(&signed.signature), NODE, uid)?)
+    }
+}
+
+/// A pod of the `tessera` scheduler whose one container prints what it was given.
+fn gpu_pod(name: &str, resources: &[(&str, &str)]) -> String {
+    let limits: String = resources.iter().map(|(k, v)| format!("{k}: \"{v}\", ")).collect();
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  schedulerName: tessera
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: docker.io/tessera/busybox:test
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES; echo CORE=$TESSERA_GPU_CORE_LIMIT; echo MIB=$TESSERA_GPU_MEMORY_LIMIT_MIB; echo DEV=$(ls /dev | grep -c '^nvidia[0-9]')"]
+    resources: {{limits: {{{limits}}}}}
+"#
+    )
+}
+
+fn said(logs: &str) -> std::collections::BTreeMap<String, String> {
+    logs.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The real kube-scheduler asks the extender (filter, prioritize, bind) for `tessera` pods, the
+/// real kubelet gets the device plugin's units, and the NRI plugin gives each container exactly
+/// what the signed allocation names: a whole card, a 30% + 4 GiB share; a pod that fits nowhere
+/// is left Pending with the cause in its FailedScheduling event; a pod without GPUs sees none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> anyhow::Result<()> {
+    let begun = Instant::now();
+    let mut c = Cluster::start().await?;
+    let t = tessera::install(&mut c).await?;
+    println!("Tessera installed {:.1}s after start", begun.elapsed().as_secs_f64());
+    c.apply(&gpu_pod("whole", &[("tessera.io/gpu-core", "100")]))?;
+    c.apply(&gpu_pod(
+        "share",
+        &[("tessera.io/gpu-core", "30"), ("tessera.io/gpu-memory", "4")],
+    ))?;
+    c.apply(BUSYBOX_POD)?;
+    for pod in ["whole", "share", "hello"] {
+        c.wait_for(
+            &[&format!("pod/{pod}")],
+            "{.status.phase}",
+            "Succeeded",
+            Duration::from_secs(90),
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "{pod}: {}\nextender:\n{}\nscheduler:\n{}\nnri-plugin:\n{}",
+                c.kubectl_ok(&["describe", "pod", pod]).unwrap_or_default(),
+                c.log_tail("extender", 15),
+                c.log_tail("tessera-scheduler", 15),
+                c.log_tail("nri-plugin", 15)
+            )
+        })?;
+    }
+    // Whole: one card, the one signed.
+    let whole = said(&c.kubectl_ok(&["logs", "whole"])?);
+    let a = tessera::allocation(&c, &t.keys_dir, "whole")?;
+    let card = a.containers[0].devices[0].card_uuid().to_string();
+    assert_eq!(whole["CVD"], card, "{whole:?}");
+    assert_eq!(whole["DEV"], "1", "{whole:?}");
+    // The share: its card, its limits.
+    let share = said(&c.kubectl_ok(&["logs", "share"])?);
+    let a = tessera::allocation(&c, &t.keys_dir, "share")?;
+    assert_eq!(share["CVD"], a.containers[0].devices[0].card_uuid(), "{share:?}");
+    assert_eq!(
+        (share["CORE"].as_str(), share["MIB"].as_str()),
+        ("30", "4096"),
+        "{share:?}"
     );
+    assert_ne!(share["CVD"], card, "the share is not on the whole card");
+    // No GPU asked, none seen.
+    let logs = c.kubectl_ok(&["logs", "hello"])?;
+    assert!(logs.starts_with("hello from"), "{logs}");
+    // Two share containers of one pod, one card left with room: they share it (the pod's
+    // other card is held by a whole-card pod).
+    c.apply(&gpu_pod("holder", &[("tessera.io/gpu-core", "100")]).replace(
+        "echo CVD=$CUDA_VISIBLE_DEVICES;",
+        "echo CVD=$CUDA_VISIBLE_DEVICES; sleep 600;",
+    ))?;
+    c.wait_for(&["pod/holder"], "{.status.phase}", "Running", Duration::from_secs(60))
+        .await?;
+    let second = gpu_pod("duo", &[("tessera.io/gpu-core", "20"), ("tessera.io/gpu-memory", "3")]);
+    let container = second
+        .split_once("  - name: main")
+        .expect("one container")
+        .1
+        .to_string();
+    let duo = format!("{second}  - name: second{container}");
+    c.apply(&duo)?;
+    c.wait_for(&["pod/duo"], "{.status.phase}", "Succeeded", Duration::from_secs(90))
+        .await
+        .with_context(|| c.kubectl_ok(&["describe", "pod", "duo"]).unwrap_or_default())?;
+    let a = tessera::allocation(&c, &t.keys_dir, "duo")?;
+    let held = tessera::allocation(&c, &t.keys_dir, "holder")?.containers[0].devices[0]
+        .card_uuid()
+        .to_string();
+    let cards: Vec<String> = a
+        .containers
+        .iter()
+        .map(|c| c.devices[0].card_uuid().to_string())
+        .collect();
+    assert_eq!(cards.len(), 2);
+    assert!(cards[0] == cards[1] && cards[0] != held, "{cards:?}, held {held}");
+    for name in ["main", "second"] {
+        let got = said(&c.kubectl_ok(&["logs", "duo", "-c", name])?);
+        assert_eq!(
+            (got["CVD"].as_str(), got["CORE"].as_str()),
+            (cards[0].as_str(), "20"),
+            "{name}: {got:?}"
+        );
+    }
+
+    // More memory than any one card has (the node has it in all): the extender refuses it,
+    // and its reason reaches the pod's event intact.
+    c.apply(&gpu_pod(
+        "huge",
+        &[("tessera.io/gpu-core", "50"), ("tessera.io/gpu-memory", "20")],
+    ))?;
+    c.wait_for(
+        &["pod/huge"],
+        "{.status.conditions[?(@.type==\"PodScheduled\")].reason}",
+        "Unschedulable",
+        Duration::from_secs(60),
+    )
+    .await?;
+    let events = c.kubectl_ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=huge,reason=FailedScheduling",
+        "-o",
+        "jsonpath={.items[*].message}",
+    ])?;
+    assert!(
+        events.contains("needs 50 percent") && !events.contains("%!"),
+        "{events}"
+    );
+    println!("events of huge: {events}");
+    println!("whole e2e {:.1}s", begun.elapsed().as_secs_f64());
     Ok(())
 }

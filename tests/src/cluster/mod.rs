@@ -76,9 +76,11 @@ pub struct Cluster {
     kube_bin: PathBuf,
     ctr: PathBuf,
     version: String,
-    /// Held while the cluster lives (one per machine).
-    _lock: File,
+    /// Held while the cluster lives (one per machine); released when dropped, last.
+    _lock: nix::fcntl::Flock<File>,
     started_in: Duration,
+    /// Whether the kubelet's device-plugin folder was made for this cluster.
+    made_device_plugin_dir: bool,
 }
 
 impl Cluster {
@@ -87,12 +89,10 @@ impl Cluster {
         let b = binaries()?;
         let runtimes = Runtimes::get()?;
         let lock = File::create("/tmp/tessera-test-cluster.lock")?;
-        tokio::task::spawn_blocking({
-            let lock = lock.try_clone()?;
-            move || nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).map(std::mem::forget)
-        })
-        .await?
-        .map_err(|(_, e)| anyhow::anyhow!("locking the cluster: {e}"))?;
+        let lock =
+            tokio::task::spawn_blocking(move || nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive))
+                .await?
+                .map_err(|(_, e)| anyhow::anyhow!("locking the cluster: {e}"))?;
         let begun = Instant::now();
         let tmp = tempfile::Builder::new().prefix("tk8s-").tempdir()?;
         let netns = format!(
@@ -109,6 +109,7 @@ impl Cluster {
             version: b.version.clone(),
             _lock: lock,
             started_in: Duration::ZERO,
+            made_device_plugin_dir: false,
         };
         c.make_netns()?;
         c.up(b, runtimes).await?;
@@ -124,6 +125,11 @@ impl Cluster {
     /// The Kubernetes version.
     pub fn version(&self) -> &str {
         &self.version
+    }
+
+    /// The Kubernetes binaries' folder.
+    pub fn kube_bin(&self) -> &Path {
+        &self.kube_bin
     }
 
     /// The cluster's folder.
@@ -547,6 +553,7 @@ state = "{c}/state"
         }
 
         // The kubelet: cgroupfs, cgroup v1 allowed, swap allowed.
+        self.made_device_plugin_dir = !Path::new(DEVICE_PLUGIN_DIR).exists();
         std::fs::create_dir_all(DEVICE_PLUGIN_DIR)?;
         std::fs::write(
             d.join("etc/kubelet.yaml"),
@@ -762,7 +769,19 @@ impl Drop for Cluster {
                 }
             }
         }
-        let _ = std::fs::remove_file(Path::new(DEVICE_PLUGIN_DIR).join("kubelet.sock"));
+        // The kubelet's fixed device-plugin folder: its socket and checkpoint, the plugins'
+        // sockets; the folders too when the cluster made them.
+        let dp = Path::new(DEVICE_PLUGIN_DIR);
+        for e in std::fs::read_dir(dp).into_iter().flatten().flatten() {
+            use std::os::unix::fs::FileTypeExt as _;
+            if e.file_type().is_ok_and(|t| t.is_socket()) || e.file_name() == "kubelet_internal_checkpoint" {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        if self.made_device_plugin_dir {
+            let _ = std::fs::remove_dir(dp);
+            let _ = std::fs::remove_dir(dp.parent().expect("/var/lib/kubelet"));
+        }
         // The kubelet's pod cgroups (cgroupfs driver), emptied above; deepest first.
         let mut roots: Vec<PathBuf> = vec![PathBuf::from("/sys/fs/cgroup/kubepods")];
         for e in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
