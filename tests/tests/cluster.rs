@@ -463,6 +463,59 @@ async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> a
         );
     }
 
+    // Restarts of the extender, containerd and the kubelet, with `holder` running through
+    // them: after each a new pod is placed and injected as before, never on the held card,
+    // and the holder's container is the same one.
+    let holder_state = |c: &Cluster| {
+        c.kubectl_ok(&[
+            "get",
+            "pod",
+            "holder",
+            "-o",
+            "jsonpath={.status.phase} {.status.containerStatuses[0].restartCount} \
+             {.status.containerStatuses[0].state.running.startedAt}",
+        ])
+    };
+    let before = holder_state(&c)?;
+    for (component, pod) in [
+        ("extender", "after-extender"),
+        ("containerd", "after-containerd"),
+        ("kubelet", "after-kubelet"),
+    ] {
+        c.restart(component)?;
+        c.apply(&gpu_pod(
+            pod,
+            &[("tessera.io/gpu-core", "30"), ("tessera.io/gpu-memory", "4")],
+        ))?;
+        c.wait_for(
+            &[&format!("pod/{pod}")],
+            "{.status.phase}",
+            "Succeeded",
+            Duration::from_secs(120),
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "after restarting {component}: {}\n{component}:\n{}\nnri-plugin:\n{}\ndevice-plugin:\n{}",
+                c.kubectl_ok(&["describe", "pod", pod]).unwrap_or_default(),
+                c.log_tail(component, 20),
+                c.log_tail("nri-plugin", 10),
+                c.log_tail("device-plugin", 10)
+            )
+        })?;
+        let got = said(&c.kubectl_ok(&["logs", pod])?);
+        let a = tessera::allocation(&c, &t.keys_dir, pod)?;
+        let card = a.containers[0].devices[0].card_uuid();
+        assert_eq!(
+            (got["CVD"].as_str(), got["CORE"].as_str(), got["MIB"].as_str()),
+            (card, "30", "4096"),
+            "after restarting {component}: {got:?}"
+        );
+        assert_ne!(card, held, "after restarting {component}: placed on the held card");
+        assert_eq!(holder_state(&c)?, before, "after restarting {component}");
+    }
+    assert!(before.starts_with("Running 0 "), "{before}");
+
     // More memory than any one card has (the node has it in all): the extender refuses it,
     // and its reason reaches the pod's event intact.
     c.apply(&gpu_pod(

@@ -62,10 +62,13 @@ fn binaries() -> anyhow::Result<&'static Binaries> {
     .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-/// A process the cluster started.
+/// A process the cluster started, and how (to start it again).
 struct Proc {
     name: String,
     child: Child,
+    program: std::ffi::OsString,
+    args: Vec<std::ffi::OsString>,
+    envs: Vec<(std::ffi::OsString, Option<std::ffi::OsString>)>,
 }
 
 /// A running single-node cluster; stopped and cleaned up on drop.
@@ -246,7 +249,7 @@ impl Cluster {
     /// Starts `cmd` inside the namespace as a process the cluster stops on drop (before its own
     /// components), its output in `logs/<name>.log`.
     pub fn spawn(&mut self, name: &str, mut cmd: Command) -> anyhow::Result<()> {
-        let log = File::create(self.log_path(name))?;
+        let log = File::options().create(true).append(true).open(self.log_path(name))?;
         let child = cmd
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -256,7 +259,39 @@ impl Cluster {
         self.procs.push(Proc {
             name: name.into(),
             child,
+            program: cmd.get_program().to_owned(),
+            args: cmd.get_args().map(ToOwned::to_owned).collect(),
+            envs: cmd
+                .get_envs()
+                .map(|(k, v)| (k.to_owned(), v.map(ToOwned::to_owned)))
+                .collect(),
         });
+        Ok(())
+    }
+
+    /// Stops process `name` (SIGTERM) and starts it again as it was started: a component's
+    /// restart (containers keep running through a containerd restart, their shims do not
+    /// depend on it).
+    pub fn restart(&mut self, name: &str) -> anyhow::Result<()> {
+        let i = self
+            .procs
+            .iter()
+            .position(|p| p.name == name)
+            .with_context(|| format!("no process {name}"))?;
+        let mut p = self.procs.remove(i);
+        end(&mut p);
+        let mut cmd = Command::new(&p.program);
+        cmd.args(&p.args);
+        for (k, v) in &p.envs {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+        self.spawn(name, cmd)?;
+        // Keep the start order (teardown goes by name for the cluster's own parts).
+        let last = self.procs.pop().expect("just spawned");
+        self.procs.insert(i, last);
         Ok(())
     }
 
