@@ -106,7 +106,7 @@ mod tessera {
 
     /// A Tessera binary from the target folder (`cargo build --workspace --bins`, which
     /// scripts/test.sh runs first: cargo builds a package's binaries only for its own tests).
-    fn bin(name: &str) -> PathBuf {
+    pub fn bin(name: &str) -> PathBuf {
         let exe = std::env::current_exe().unwrap();
         let path = exe.parent().unwrap().parent().unwrap().join(name);
         assert!(
@@ -515,6 +515,44 @@ async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> a
         assert_eq!(holder_state(&c)?, before, "after restarting {component}");
     }
     assert!(before.starts_with("Running 0 "), "{before}");
+
+    // `kubectl tessera` against the real API server: the held card, and the holder on it.
+    let plugin = |args: &[&str]| -> anyhow::Result<String> {
+        let out = c
+            .command(tessera::bin("kubectl-tessera"))
+            .env("KUBECONFIG", c.kubeconfig())
+            .args(args)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "kubectl tessera {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let inspect = plugin(&["inspect"])?;
+    use tessera_core::inventory::InventorySource as _;
+    let index = tessera_core::inventory::FixtureSource::new("t4x2")
+        .discover()?
+        .gpus
+        .iter()
+        .find(|g| g.uuid == held)
+        .map(|g| g.index.to_string())
+        .context("the held card in the fixture")?;
+    let row: Vec<&str> = inspect
+        .lines()
+        .find(|l| l.contains("default/holder"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert!(
+        row.first() == Some(&tessera_tests::cluster::NODE)
+            && row.get(1) == Some(&index.as_str())
+            && row.contains(&"100/100%"),
+        "{inspect}"
+    );
+    let pod = plugin(&["pod", "holder"])?;
+    assert!(pod.contains(held.as_str()), "{pod}");
 
     // More memory than any one card has (the node has it in all): the extender refuses it,
     // and its reason reaches the pod's event intact.
