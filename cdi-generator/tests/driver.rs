@@ -153,3 +153,44 @@ fn no_spec_without_libcuda_and_the_node_is_published_not_ready() {
     assert!(published.not_ready.unwrap().contains("no libcuda"));
     assert_eq!(published.gpus.len(), 2);
 }
+
+/// A fixture without `--driver-root` on a machine without its driver files: the spec would name
+/// files that are not there (and runc refuses such a container), so none is written, and the
+/// error says which flag gives a driver; with `--driver-root` the fixture's GPUs get the real
+/// files found there.
+#[test]
+fn a_fixture_names_only_driver_files_that_exist() {
+    let out = std::process::Command::new(BIN)
+        .args(["generate", "--fixture", "t4x2", "--no-driver-bundle"])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--fixture t4x2: its driver files are not on this machine") && err.contains("--driver-root"),
+        "{err}"
+    );
+    let root = tessera_tests::nvidia::Userspace::get()
+        .unwrap()
+        .root(
+            tessera_tests::nvidia::Branch::R535,
+            tessera_tests::nvidia::Layout::Distro,
+        )
+        .to_path_buf();
+    let out = std::process::Command::new(BIN)
+        .args(["generate", "--fixture", "t4x2", "--no-driver-bundle", "--driver-root"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let spec = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&spec).unwrap();
+    let mut mounted = 0;
+    for m in v["containerEdits"]["mounts"].as_array().into_iter().flatten() {
+        let host = m["hostPath"].as_str().unwrap();
+        assert!(std::path::Path::new(host).exists(), "{host} named but absent");
+        mounted += 1;
+    }
+    assert!(mounted > 5, "{spec}");
+}
