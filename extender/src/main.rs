@@ -49,6 +49,12 @@ struct ManifestArgs {
     /// (Tessera's CUDA hook preloaded into share containers) or `none`.
     #[arg(long, default_value = "mps")]
     share_enforcement: tessera_core::enforcement::ShareEnforcement,
+    /// The container runtime's NRI socket on the GPU nodes.
+    #[arg(long, default_value = "/var/run/nri/nri.sock")]
+    nri_socket: String,
+    /// Where the container runtime reads CDI specs on the GPU nodes.
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: String,
     /// Print only the KubeSchedulerConfiguration.
     #[arg(long)]
     scheduler_config: bool,
@@ -85,9 +91,23 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
             );
         }
     }
-    if let Some(r) = &args.driver_root {
-        anyhow::ensure!(r.starts_with('/'), "--driver-root={r:?}: must be an absolute host path");
+    for (flag, path) in [
+        ("--driver-root", args.driver_root.as_deref()),
+        ("--nri-socket", Some(args.nri_socket.as_str())),
+        ("--cdi-dir", Some(args.cdi_dir.as_str())),
+    ] {
+        if let Some(p) = path {
+            anyhow::ensure!(
+                p.starts_with('/') && !p.contains(char::is_whitespace),
+                "{flag}={p:?}: must be an absolute host path"
+            );
+        }
     }
+    anyhow::ensure!(
+        !args.nri_socket.ends_with('/'),
+        "--nri-socket={:?}: must name the socket, not its directory",
+        args.nri_socket
+    );
     let opts = ManifestOptions {
         namespace: args.namespace,
         image: args.image.unwrap_or(d.image),
@@ -95,6 +115,8 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
         replicas: args.replicas,
         driver_root: args.driver_root,
         share_enforcement: args.share_enforcement,
+        nri_socket: args.nri_socket,
+        cdi_dir: args.cdi_dir,
         ..d
     };
     let text = if args.scheduler_config {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, HTTPGetAction,
-    HostPathVolumeSource, Namespace, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    HostPathVolumeSource, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
     SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Toleration, Volume,
     VolumeMount,
 };
@@ -38,6 +38,10 @@ pub struct ManifestOptions {
     pub driver_root: Option<String>,
     /// How the GPU nodes hold shares to their limits: `Mps` adds the MPS supervisor.
     pub share_enforcement: ShareEnforcement,
+    /// The container runtime's NRI socket on the nodes (a host path).
+    pub nri_socket: String,
+    /// Where the container runtime reads CDI specs on the nodes (a host path).
+    pub cdi_dir: String,
 }
 
 impl Default for ManifestOptions {
@@ -45,11 +49,14 @@ impl Default for ManifestOptions {
         Self {
             namespace: "tessera-system".into(),
             image: "ghcr.io/tessera-gpu/tessera:0.1.0".into(),
-            scheduler_image: "registry.k8s.io/kube-scheduler:v1.33.0".into(),
+            // The version the real-cluster tests run (tests/cluster); match your cluster's.
+            scheduler_image: "registry.k8s.io/kube-scheduler:v1.36.2".into(),
             replicas: 2,
             node_selector: ("tessera.io/gpu-node".into(), "true".into()),
             driver_root: None,
             share_enforcement: ShareEnforcement::Mps,
+            nri_socket: "/var/run/nri/nri.sock".into(),
+            cdi_dir: "/var/run/cdi".into(),
         }
     }
 }
@@ -255,10 +262,8 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
     for crd in tessera_api::crds() {
         push(&crd);
     }
-    push(&Namespace {
-        metadata: meta(ns, None),
-        ..Default::default()
-    });
+    // No Namespace: it is created before the key Secret (README), and `kubectl delete -f`
+    // of these manifests then leaves the namespace and its key in place.
     for sa in [EXTENDER, SCHEDULER, NODE] {
         push(&ServiceAccount {
             metadata: meta(sa, Some(ns)),
@@ -523,6 +528,14 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
         },
     ];
     let hook_mode = opts.share_enforcement == ShareEnforcement::Hook;
+    // The runtime's NRI socket: its directory is mounted at /var/run/nri (a runtime restart
+    // recreates the socket).
+    let (nri_socket_dir, nri_socket_name) = opts
+        .nri_socket
+        .rsplit_once('/')
+        .map_or(("/var/run/nri".to_string(), opts.nri_socket.clone()), |(d, n)| {
+            (if d.is_empty() { "/".into() } else { d.to_string() }, n.to_string())
+        });
     // NVML, /dev and the kubelet's device-plugin directory need root on the host.
     let privileged = SecurityContext {
         privileged: Some(true),
@@ -626,7 +639,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                                 "tessera-nri-plugin",
                                 vec![
                                     "run".into(),
-                                    "--socket=/var/run/nri/nri.sock".into(),
+                                    format!("--socket=/var/run/nri/{nri_socket_name}"),
                                     "--keys-dir=/etc/tessera/keys".into(),
                                     "--cdi-dir=/var/run/cdi".into(),
                                     // The node's GPU metrics: NVML from the host's driver, GPU
@@ -681,9 +694,9 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                     }))
                     .collect(),
                     volumes: Some(vec![
-                        host_path("cdi", "/var/run/cdi", "DirectoryOrCreate"),
+                        host_path("cdi", &opts.cdi_dir, "DirectoryOrCreate"),
                         host_path("device-plugins", "/var/lib/kubelet/device-plugins", "Directory"),
-                        host_path("nri", "/var/run/nri", "DirectoryOrCreate"),
+                        host_path("nri", &nri_socket_dir, "DirectoryOrCreate"),
                         host_path("dev", "/dev", "Directory"),
                         host_path("host-root", "/", "Directory"),
                         host_path("mps", DEFAULT_MPS_ROOT, "DirectoryOrCreate"),

@@ -110,6 +110,18 @@ fn manifests_and_serve_refuse_nonsense_naming_the_flag() {
             &["manifests", "--driver-root", "run/nvidia/driver"][..],
             "--driver-root=\"run/nvidia/driver\": must be an absolute host path",
         ),
+        (
+            &["manifests", "--nri-socket", "nri.sock"][..],
+            "--nri-socket=\"nri.sock\": must be an absolute host path",
+        ),
+        (
+            &["manifests", "--nri-socket", "/var/run/nri/"][..],
+            "must name the socket, not its directory",
+        ),
+        (
+            &["manifests", "--cdi-dir", "etc/cdi"][..],
+            "--cdi-dir=\"etc/cdi\": must be an absolute host path",
+        ),
     ] {
         let (code, stderr, printed) = run(args);
         assert_eq!((code, printed), (Some(1), 0), "{args:?}: {stderr}");

@@ -192,6 +192,8 @@ mod tessera {
             ..Default::default()
         };
         let objects = manifests::objects(&opts);
+        // As the README: the namespace first, then the key Secret in it, then the manifests.
+        c.kubectl_ok(&["create", "namespace", NS])?;
         // Everything but the workloads, which run as the test's processes below.
         let applied: Vec<String> = objects
             .iter()

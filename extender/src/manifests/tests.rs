@@ -109,6 +109,55 @@ fn the_node_agents_mount_the_nri_directory_not_the_socket() {
     }
 }
 
+/// Nodes whose runtime keeps its NRI socket and CDI specs elsewhere: the DaemonSet mounts
+/// those host paths, and the plugin connects to the socket by its name.
+#[test]
+fn runtime_paths_are_options() {
+    let ds = objects(&ManifestOptions {
+        nri_socket: "/run/containerd/nri/tessera.sock".into(),
+        cdi_dir: "/etc/cdi".into(),
+        ..Default::default()
+    })
+    .into_iter()
+    .find(|o| o["kind"] == "DaemonSet")
+    .unwrap();
+    let spec = &ds["spec"]["template"]["spec"];
+    let host = |name: &str| {
+        spec["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap()["hostPath"]["path"]
+            .clone()
+    };
+    assert_eq!(host("nri"), "/run/containerd/nri");
+    assert_eq!(host("cdi"), "/etc/cdi");
+    let nri = spec["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "nri-plugin")
+        .unwrap();
+    assert!(
+        nri["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--socket=/var/run/nri/tessera.sock")
+    );
+}
+
+/// Deleting the manifests keeps the namespace, and with it the hand-off key Secret.
+#[test]
+fn the_manifests_do_not_own_the_namespace() {
+    assert!(
+        !objects(&ManifestOptions::default())
+            .iter()
+            .any(|o| o["kind"] == "Namespace")
+    );
+}
+
 #[test]
 fn the_scheduler_config_names_the_extender_and_every_resource() {
     let cfg: serde_json::Value = serde_yaml::from_str(&scheduler_config(&ManifestOptions::default())).unwrap();
