@@ -185,8 +185,9 @@ mod tessera {
         pub keys_dir: PathBuf,
     }
 
-    /// Applies the manifests and starts Tessera's components on `c`.
-    pub async fn install(c: &mut Cluster) -> anyhow::Result<Installed> {
+    /// Applies the manifests and starts Tessera's components on `c`, the node being `fixture`
+    /// (whose whole and shareable cards add up to `core` units of `tessera.io/gpu-core`).
+    pub async fn install(c: &mut Cluster, fixture: &str, core: u32) -> anyhow::Result<Installed> {
         let opts = ManifestOptions {
             share_enforcement: tessera_core::enforcement::ShareEnforcement::None,
             ..Default::default()
@@ -220,7 +221,7 @@ mod tessera {
         c.kubectl_ok(&["label", "node", NODE, "tessera.io/gpu-node=true"])?;
 
         // The node: fake device nodes of the fixture, NVIDIA's real 535 files as the driver.
-        let inv = FixtureSource::new("t4x2").discover()?;
+        let inv = FixtureSource::new(fixture).discover()?;
         let dev_root = c.dir().join("devroot");
         create_device_nodes(&inv, &dev_root)?;
         let driver_root = Userspace::get()?.root(Branch::R535, Layout::Distro).to_path_buf();
@@ -242,7 +243,7 @@ mod tessera {
             ("--metrics-listen", "127.0.0.1:9403".to_string()),
         ];
         let fixture = [
-            "--fixture=t4x2".to_string(),
+            format!("--fixture={fixture}"),
             format!("--driver-root={}", driver_root.display()),
             format!("--dev-root={}", dev_root.display()),
         ];
@@ -311,7 +312,7 @@ mod tessera {
         c.wait_for(
             &[&format!("node/{NODE}")],
             "{.status.allocatable.tessera\\.io/gpu-core}",
-            "200",
+            &core.to_string(),
             std::time::Duration::from_secs(60),
         )
         .await
@@ -381,7 +382,7 @@ fn said(logs: &str) -> std::collections::BTreeMap<String, String> {
 async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> anyhow::Result<()> {
     let begun = Instant::now();
     let mut c = Cluster::start().await?;
-    let t = tessera::install(&mut c).await?;
+    let t = tessera::install(&mut c, "t4x2", 200).await?;
     println!("Tessera installed {:.1}s after start", begun.elapsed().as_secs_f64());
     c.apply(&gpu_pod("whole", &[("tessera.io/gpu-core", "100")]))?;
     c.apply(&gpu_pod(
@@ -556,6 +557,26 @@ async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> a
     let pod = plugin(&["pod", "holder"])?;
     assert!(pod.contains(held.as_str()), "{pod}");
 
+    // The CRDs' schemas, enforced by the real API server: a claim without resources, or with
+    // resources of the wrong type, is refused naming the field; a good one is stored.
+    let claim = |name: &str, spec: &str| {
+        format!(
+            "apiVersion: tessera.io/v1alpha1\nkind: ElasticGPUClaim\nmetadata: {{name: {name}, namespace: default}}\nspec: {spec}\n"
+        )
+    };
+    for (name, spec, field) in [
+        ("no-resources", "{egpuClassName: share}", "spec.resources"),
+        ("bad-resources", "{resources: lots}", "spec.resources"),
+    ] {
+        let err = c.apply(&claim(name, spec)).unwrap_err().to_string();
+        assert!(err.contains(field) && err.contains(name), "{name}: {err}");
+    }
+    c.apply(&claim(
+        "good",
+        "{resources: {limits: {tessera.io/gpu-core: 30, tessera.io/gpu-memory: 4}}}",
+    ))?;
+    c.kubectl_ok(&["get", "elasticgpuclaim", "good"])?;
+
     // More memory than any one card has (the node has it in all): the extender refuses it,
     // and its reason reaches the pod's event intact.
     c.apply(&gpu_pod(
@@ -583,5 +604,25 @@ async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> a
     );
     println!("events of huge: {events}");
     println!("whole e2e {:.1}s", begun.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// A MIG slice through the real scheduler, kubelet and runtime: the container sees the MIG
+/// device the signed allocation names, on a node whose other cards are in MIG mode too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mig_slice_on_a_real_cluster() -> anyhow::Result<()> {
+    let mut c = Cluster::start().await?;
+    let t = tessera::install(&mut c, "a100-mig", 100).await?;
+    c.apply(&gpu_pod("slice", &[("tessera.io/mig-1g.5gb", "1")]))?;
+    c.wait_for(&["pod/slice"], "{.status.phase}", "Succeeded", Duration::from_secs(90))
+        .await
+        .with_context(|| c.kubectl_ok(&["describe", "pod", "slice"]).unwrap_or_default())?;
+    let got = said(&c.kubectl_ok(&["logs", "slice"])?);
+    let a = tessera::allocation(&c, &t.keys_dir, "slice")?;
+    let tessera_core::handoff::AllocatedDevice::Mig { uuid, profile, .. } = &a.containers[0].devices[0] else {
+        panic!("not a MIG device: {a:?}");
+    };
+    assert_eq!(profile.to_string(), "1g.5gb");
+    assert_eq!(got["CVD"], *uuid, "{got:?}");
     Ok(())
 }
