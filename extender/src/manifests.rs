@@ -745,6 +745,6 @@ fn to_yaml<T: Serialize>(v: &T) -> String {
     serde_yaml::to_string(v).expect("manifests serialize")
 }
 
-mod claims;
+pub mod claims;
 #[cfg(test)]
 mod tests;

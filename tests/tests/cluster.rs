@@ -326,6 +326,34 @@ mod tessera {
         Ok(Installed { keys_dir })
     }
 
+    /// Points the webhook Service at the extender's process (its selector would find no pod):
+    /// the API server, routing to endpoints, then reaches the extender's webhook listener.
+    pub fn route_webhook_to_the_extender(c: &Cluster) -> anyhow::Result<()> {
+        let svc = manifests::claims::WEBHOOK_SERVICE;
+        c.kubectl_ok(&[
+            "-n",
+            NS,
+            "patch",
+            "service",
+            svc,
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/spec/selector"}]"#,
+        ])?;
+        c.apply(&format!(
+            r#"apiVersion: v1
+kind: Endpoints
+metadata: {{name: {svc}, namespace: {NS}}}
+subsets:
+- addresses: [{{ip: "{}"}}]
+  ports: [{{name: webhook, port: {}}}]
+"#,
+            tessera_tests::cluster::NODE_IP,
+            manifests::claims::WEBHOOK_PORT
+        ))?;
+        Ok(())
+    }
+
     /// Checks the signed allocation `pod` carries with the hand-off keys.
     pub fn allocation(c: &Cluster, keys: &Path, pod: &str) -> anyhow::Result<tessera_core::handoff::Allocation> {
         let json = c.kubectl_ok(&["get", "pod", pod, "-o", "json"])?;
@@ -556,6 +584,67 @@ async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> a
     );
     let pod = plugin(&["pod", "holder"])?;
     assert!(pod.contains(held.as_str()), "{pod}");
+
+    // ElasticGPU claims: the real API server calls the extender's admission webhook (TLS
+    // with the CA the extender put in the webhook configuration) for a pod naming a claim, the
+    // pod gets the claim's resources, runs on them, and the claims controller records an
+    // ElasticGPU. (The webhook Service's endpoint is the extender's process: no pod here.)
+    tessera::route_webhook_to_the_extender(&c)?;
+    c.apply(
+        r#"apiVersion: tessera.io/v1alpha1
+kind: ElasticGPUClass
+metadata: {name: share}
+provisioner: gpushare.provisioner.elasticgpu.io
+reclaimPolicy: Retain
+---
+apiVersion: tessera.io/v1alpha1
+kind: ElasticGPUClaim
+metadata: {name: tenth, namespace: default}
+spec:
+  egpuClassName: share
+  resources: {requests: {tessera.io/gpu-core: 10, tessera.io/gpu-memory: 4}}
+"#,
+    )?;
+    let claimed = gpu_pod("claimed", &[]).replace(
+        "metadata: {name: claimed, namespace: default}",
+        "metadata: {name: claimed, namespace: default, annotations: {claim.tessera.io/main: tenth}}",
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // Until the extender has put its CA in the webhook configuration.
+        match c.apply(&claimed) {
+            Ok(_) => break,
+            Err(e) if Instant::now() < deadline && e.to_string().contains("failed calling webhook") => {
+                println!("claimed pod not admitted yet: {e:#}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.context(c.log_tail("extender", 20))),
+        }
+    }
+    c.wait_for(
+        &["pod/claimed"],
+        "{.status.phase}",
+        "Succeeded",
+        Duration::from_secs(90),
+    )
+    .await
+    .with_context(|| c.kubectl_ok(&["describe", "pod", "claimed"]).unwrap_or_default())?;
+    let got = said(&c.kubectl_ok(&["logs", "claimed"])?);
+    assert_eq!((got["CORE"].as_str(), got["MIB"].as_str()), ("10", "4096"), "{got:?}");
+    // Retained: the claim's GPU stays recorded (and booked) after its pod ends.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let egpus = c.kubectl_ok(&["get", "elasticgpus", "-o", "jsonpath={.items[*].spec.claimRef.name}"])?;
+        if egpus.split_whitespace().any(|n| n == "tenth") {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no ElasticGPU for claim tenth: {egpus:?}\n{}",
+            c.log_tail("extender", 20)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 
     // The CRDs' schemas, enforced by the real API server: a claim without resources, or with
     // resources of the wrong type, is refused naming the field; a good one is stored.

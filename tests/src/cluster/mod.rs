@@ -448,6 +448,8 @@ impl Cluster {
             &format!("--proxy-client-cert-file={}", p("front-proxy-client.crt")),
             &format!("--proxy-client-key-file={}", p("front-proxy-client.key")),
             "--profiling=false",
+            // Services are reached at their endpoints (there is no kube-proxy): webhooks too.
+            "--enable-aggregator-routing=true",
             "-v=1",
         ]);
         self.spawn("kube-apiserver", api)?;
