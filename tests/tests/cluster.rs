@@ -452,7 +452,17 @@ async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> a
         "{share:?}"
     );
     assert_ne!(share["CVD"], card, "the share is not on the whole card");
-    // No GPU asked, none seen.
+    // No GPU asked (the default scheduler, no tessera.io resource), none seen, even with
+    // NVIDIA's variable in its environment.
+    let plain = gpu_pod("plain", &[]).replace("  schedulerName: tessera\n", "").replace(
+        "    command:",
+        "    env: [{name: NVIDIA_VISIBLE_DEVICES, value: all}]\n    command:",
+    );
+    c.apply(&plain)?;
+    c.wait_for(&["pod/plain"], "{.status.phase}", "Succeeded", Duration::from_secs(60))
+        .await?;
+    let got = said(&c.kubectl_ok(&["logs", "plain"])?);
+    assert_eq!((got["CVD"].as_str(), got["DEV"].as_str()), ("", "0"), "{got:?}");
     let logs = c.kubectl_ok(&["logs", "hello"])?;
     assert!(logs.starts_with("hello from"), "{logs}");
     // Two share containers of one pod, one card left with room: they share it (the pod's
@@ -493,6 +503,40 @@ async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> a
             "{name}: {got:?}"
         );
     }
+
+    // Two share pods at once, one card with room: both on it, side by side.
+    let pair = |name: &str| {
+        gpu_pod(name, &[("tessera.io/gpu-core", "30"), ("tessera.io/gpu-memory", "4")]).replace(
+            "echo CVD=$CUDA_VISIBLE_DEVICES;",
+            "echo CVD=$CUDA_VISIBLE_DEVICES; sleep 3;",
+        )
+    };
+    c.apply(&format!("{}---\n{}", pair("pair-a"), pair("pair-b")))?;
+    let mut pair_cards = Vec::new();
+    for name in ["pair-a", "pair-b"] {
+        c.wait_for(
+            &[&format!("pod/{name}")],
+            "{.status.phase}",
+            "Succeeded",
+            Duration::from_secs(90),
+        )
+        .await?;
+        let got = said(&c.kubectl_ok(&["logs", name])?);
+        pair_cards.push(got["CVD"].clone());
+    }
+    assert!(
+        pair_cards[0] == pair_cards[1] && pair_cards[0] != held,
+        "{pair_cards:?}, held {held}"
+    );
+    let overlap = c.kubectl_ok(&[
+        "get",
+        "pods",
+        "pair-a",
+        "pair-b",
+        "-o",
+        "jsonpath={.items[*].status.containerStatuses[0].state.terminated.startedAt}",
+    ])?;
+    println!("pair started at: {overlap}");
 
     // Restarts of the extender, containerd and the kubelet, with `holder` running through
     // them: after each a new pod is placed and injected as before, never on the held card,
