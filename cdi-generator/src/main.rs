@@ -106,65 +106,14 @@ impl EnforcementArgs {
     }
 }
 
-/// A fixture's GPUs without a driver of this machine (no `--driver-root`): the fixture's driver
-/// files that do not exist here are left out (said once), so that the spec names only what a
-/// runtime can mount; runc makes missing device nodes itself.
-struct ExistingDriverFiles {
-    fixture: FixtureSource,
-    host_root: PathBuf,
-    said: std::sync::Once,
-}
-
-impl InventorySource for ExistingDriverFiles {
-    fn discover(&self) -> Result<tessera_core::inventory::NodeInventory, tessera_core::inventory::InventoryError> {
-        let mut inv = self.fixture.discover()?;
-        let root = self
-            .host_root
-            .join(inv.driver_root.strip_prefix("/").unwrap_or(&inv.driver_root));
-        let before = inv.driver_files.len();
-        inv.driver_files.retain(|f| {
-            let p = f.host_path(&root);
-            if f.on_host {
-                self.host_root.join(p.strip_prefix("/").unwrap_or(&p)).exists()
-            } else {
-                p.exists()
-            }
-        });
-        let missing = before - inv.driver_files.len();
-        if missing > 0 {
-            self.said.call_once(|| {
-                tracing::warn!(
-                    missing,
-                    kept = inv.driver_files.len(),
-                    "the fixture's driver files are not on this machine: left out of the spec (give --driver-root to mount a real driver)"
-                );
-            });
-        }
-        if inv.driver_error.is_none() && inv.driver_check().is_err() {
-            inv.driver_error = Some(format!(
-                "--fixture {}: its driver files are not on this machine, and GPU containers need a libcuda: \
-                 give --driver-root with a driver's files (a node's, or NVIDIA's userspace as tests/nvidia/fetch.sh \
-                 unpacks it)",
-                self.fixture.fixture.display()
-            ));
-        }
-        Ok(inv)
-    }
-}
-
 impl SourceArgs {
     fn source(&self) -> Box<dyn InventorySource + Send + Sync> {
         match &self.fixture {
-            // A fixture's GPUs with the real driver files found under the given root.
-            Some(f) if self.driver_root.is_some() => Box::new(FixtureSource {
+            Some(f) => Box::new(FixtureSource {
                 fixture: f.clone(),
                 driver_root: self.driver_root.clone(),
-                discover_driver_under: Some(self.host_root.clone()),
-            }),
-            Some(f) => Box::new(ExistingDriverFiles {
-                fixture: FixtureSource::new(f),
-                host_root: self.host_root.clone(),
-                said: std::sync::Once::new(),
+                // A fixture's GPUs with the real driver files found under the given root.
+                discover_driver_under: self.driver_root.as_ref().map(|_| self.host_root.clone()),
             }),
             None => Box::new(self.nvml()),
         }
