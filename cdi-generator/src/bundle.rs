@@ -23,15 +23,34 @@ const COMPLETE: &str = ".complete";
 
 /// Why a bundle could not be made.
 #[derive(Debug, thiserror::Error)]
-#[error("driver bundle {path}: {source}")]
-pub struct BundleError {
-    path: PathBuf,
-    #[source]
-    source: std::io::Error,
+pub enum BundleError {
+    /// The bundle's own directory.
+    #[error("driver bundle {path}: {source}")]
+    Io {
+        /// What could not be written.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A driver file that could not be read into it.
+    #[error(
+        "driver file {file} could not be put into the driver bundle under {root}: {source} \
+         (is this machine's driver the inventory's? --no-driver-bundle mounts the files one by one)"
+    )]
+    File {
+        /// The driver file, as this process reads it.
+        file: PathBuf,
+        /// The bundles' root.
+        root: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 fn err(path: &Path) -> impl FnOnce(std::io::Error) -> BundleError + '_ {
-    move |source| BundleError {
+    move |source| BundleError::Io {
         path: path.to_path_buf(),
         source,
     }
@@ -95,24 +114,35 @@ pub fn prepare(inv: &NodeInventory, host_root: &Path, root: &Path) -> Result<Pat
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&tmp);
-    for sub in ["lib64", "bin"] {
-        std::fs::create_dir_all(tmp.join(sub)).map_err(err(&tmp))?;
-    }
-    for f in bundled(inv) {
-        let name = f.name();
-        let sub = if f.kind == DriverFileKind::Library {
-            "lib64"
-        } else {
-            "bin"
-        };
-        let to = tmp.join(sub).join(&name);
-        link_or_copy(&local(host_root, &inv.host_path(f)), &to).map_err(err(&to))?;
-        if let Some(so) = f.loader_name().filter(|so| *so != name) {
-            let link = tmp.join(sub).join(&so);
-            std::os::unix::fs::symlink(&name, &link).map_err(err(&link))?;
+    let fill = || -> Result<(), BundleError> {
+        for sub in ["lib64", "bin"] {
+            std::fs::create_dir_all(tmp.join(sub)).map_err(err(&tmp))?;
         }
+        for f in bundled(inv) {
+            let name = f.name();
+            let sub = if f.kind == DriverFileKind::Library {
+                "lib64"
+            } else {
+                "bin"
+            };
+            let from = local(host_root, &inv.host_path(f));
+            link_or_copy(&from, &tmp.join(sub).join(&name)).map_err(|source| BundleError::File {
+                file: from.clone(),
+                root: root.to_path_buf(),
+                source,
+            })?;
+            if let Some(so) = f.loader_name().filter(|so| *so != name) {
+                let link = tmp.join(sub).join(&so);
+                std::os::unix::fs::symlink(&name, &link).map_err(err(&link))?;
+            }
+        }
+        std::fs::write(tmp.join(COMPLETE), b"").map_err(err(&tmp))
+    };
+    if let Err(e) = fill() {
+        // Nothing half-made is left behind.
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
     }
-    std::fs::write(tmp.join(COMPLETE), b"").map_err(err(&tmp))?;
     if let Err(e) = std::fs::rename(&tmp, &dir) {
         // Another agent finished the same bundle first: use it.
         let _ = std::fs::remove_dir_all(&tmp);
@@ -169,6 +199,33 @@ mod tests {
             std::fs::write(&p, format!("contents of {}", f.name())).unwrap();
         }
         inv
+    }
+
+    /// A driver file that is not there: the error names it (not a temporary destination) and
+    /// says what to do, and nothing half-made is left.
+    #[test]
+    fn a_missing_driver_file_is_named_and_nothing_is_left_behind() {
+        let d = tempfile::tempdir().unwrap();
+        let inv = fake_driver(d.path());
+        let gone = inv
+            .driver_files
+            .iter()
+            .find(|f| f.kind == DriverFileKind::Library)
+            .map(|f| inv.host_path(f))
+            .unwrap();
+        std::fs::remove_file(&gone).unwrap();
+        let root = d.path().join("bundles");
+        let e = prepare(&inv, Path::new("/"), &root).unwrap_err().to_string();
+        assert!(
+            e.contains(&gone.display().to_string()) && e.contains("--no-driver-bundle"),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::read_dir(&root).unwrap().count(),
+            0,
+            "left behind in {}",
+            root.display()
+        );
     }
 
     #[test]
