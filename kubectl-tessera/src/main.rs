@@ -9,6 +9,13 @@ use tessera_kubectl::Output;
 #[derive(Parser)]
 #[command(name = "kubectl tessera", version, about)]
 struct Cli {
+    /// The kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the pod's service
+    /// account), as kubectl reads it.
+    #[arg(long, global = true, value_name = "FILE")]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// The kubeconfig context (default: its current context).
+    #[arg(long, global = true, value_name = "NAME")]
+    context: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -28,9 +35,9 @@ enum Command {
     Pod {
         /// The pod's name.
         name: String,
-        /// Its namespace.
-        #[arg(short, long, default_value = "default")]
-        namespace: String,
+        /// Its namespace (default: the context's, else `default`).
+        #[arg(short, long)]
+        namespace: Option<String>,
         /// MiB in one tessera.io/gpu-memory unit (the cluster's setting).
         #[arg(long, default_value_t = RequestOptions::default().memory_unit_mib)]
         memory_unit_mib: u64,
@@ -54,10 +61,19 @@ async fn main() {
     quiet_on_closed_stdout();
     // kube's rustls needs a process-wide crypto provider for https API servers.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = match kube::Client::try_default().await {
+    let config = match config(cli.kubeconfig.as_deref(), cli.context.as_deref()).await {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: cannot reach the cluster (kubeconfig or in-cluster config): {e}");
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    };
+    let server = config.cluster_url.to_string();
+    let default_namespace = config.default_namespace.clone();
+    let client = match kube::Client::try_from(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {server}: {e}");
             std::process::exit(1);
         }
     };
@@ -67,13 +83,44 @@ async fn main() {
             name,
             namespace,
             memory_unit_mib,
-        } => tessera_kubectl::pod(&client, &namespace, &name, &RequestOptions { memory_unit_mib }).await,
+        } => {
+            let namespace = namespace.unwrap_or(default_namespace);
+            tessera_kubectl::pod(&client, &namespace, &name, &RequestOptions { memory_unit_mib }).await
+        }
     };
     match result {
         Ok(text) => print!("{text}"),
+        // An API request that failed names the server it went to.
+        Err(e @ tessera_kubectl::CliError::Api { .. }) => {
+            eprintln!("error: {server}: {e}");
+            std::process::exit(1);
+        }
         Err(e) => {
             eprintln!("error: {e}");
             std::process::exit(1);
         }
+    }
+}
+
+/// The cluster as kubectl finds it, with `--kubeconfig` and `--context` as kubectl takes them.
+async fn config(kubeconfig: Option<&std::path::Path>, context: Option<&str>) -> Result<kube::Config, String> {
+    let options = kube::config::KubeConfigOptions {
+        context: context.map(String::from),
+        ..Default::default()
+    };
+    match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &options)
+                .await
+                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))
+        }
+        None if context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| format!("--context {}: {e}", context.unwrap_or_default())),
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| format!("no cluster to talk to (no kubeconfig, not in a pod): {e}")),
     }
 }

@@ -50,3 +50,69 @@ async fn reads_the_kubeconfig_and_says_when_there_is_nothing() -> anyhow::Result
     );
     Ok(())
 }
+
+/// As kubectl plugins do: `--kubeconfig`, `--context` (before or after the command), `-n`
+/// defaulting to the context's namespace; an unreachable server is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubeconfig_context_and_namespace_as_kubectl_takes_them() -> anyhow::Result<()> {
+    let api = FakeApiServer::start().await?;
+    api.create_node(&gpu_node("t1", "t4x2"))?;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("config");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"{}\"}}\n\
+             - name: dead\n  cluster: {{server: \"http://127.0.0.1:9\"}}\n\
+             contexts:\n- name: dead\n  context: {{cluster: dead, user: me}}\n\
+             - name: fake\n  context: {{cluster: fake, user: me, namespace: team}}\n\
+             current-context: dead\nusers:\n- name: me\n  user: {{}}\n",
+            api.url()
+        ),
+    )?;
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_kubectl-tessera"))
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("HOME", dir.path())
+            .output()
+            .unwrap()
+    };
+    let k = kubeconfig.to_str().unwrap();
+    // The current context's server is down: named.
+    let out = run(&["--kubeconfig", k, "inspect"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error: http://127.0.0.1:9/"), "{err}");
+    // Another context, the flag before or after the command.
+    for args in [
+        &["--kubeconfig", k, "--context", "fake", "inspect"][..],
+        &["inspect", "--context", "fake", "--kubeconfig", k][..],
+    ] {
+        let out = run(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("t1 "));
+    }
+    // `pod` looks in the context's namespace unless told.
+    let out = run(&["--kubeconfig", k, "--context", "fake", "pod", "ghost"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error: pod team/ghost not found\n"
+    );
+    let out = run(&["--kubeconfig", k, "--context", "fake", "pod", "ghost", "-n", "other"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error: pod other/ghost not found\n"
+    );
+    // A missing file and an unknown context, named.
+    let out = run(&["--kubeconfig", "/nonexistent/config", "inspect"]);
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: --kubeconfig /nonexistent/config:"));
+    let out = run(&["--kubeconfig", k, "--context", "nope", "inspect"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
+    Ok(())
+}

@@ -595,7 +595,8 @@ async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> a
     let plugin = |args: &[&str]| -> anyhow::Result<String> {
         let out = c
             .command(tessera::bin("kubectl-tessera"))
-            .env("KUBECONFIG", c.kubeconfig())
+            .arg("--kubeconfig")
+            .arg(c.kubeconfig())
             .args(args)
             .output()?;
         anyhow::ensure!(
