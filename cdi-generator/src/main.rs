@@ -47,7 +47,8 @@ struct SourceArgs {
 #[derive(Args, Clone)]
 struct EnforcementArgs {
     /// `mps`: share devices connect to each card's MPS daemon (run by tessera-mps-supervisor);
-    /// `none`: shares run unenforced.
+    /// `hook`: Tessera's CUDA hook is preloaded into share containers; `none`: shares run
+    /// unenforced.
     #[arg(long, env = "TESSERA_SHARE_ENFORCEMENT", default_value = "mps")]
     share_enforcement: ShareEnforcement,
     /// Where the MPS daemons' directories are (a host path).

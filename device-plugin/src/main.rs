@@ -45,13 +45,32 @@ async fn main() -> anyhow::Result<()> {
         anyhow::bail!("--memory-unit-mib=0: the memory unit must be at least 1 MiB");
     }
     let source = match cli.fixture {
-        Some(f) => Source::Fixture(FixtureSource::new(f)),
+        Some(f) => {
+            // A fixture that cannot be read now never will be (a typo): say so, do not serve
+            // nothing. NVML may come later (a driver still loading), so it is waited for.
+            let fixture = FixtureSource::new(&f);
+            tessera_core::inventory::InventorySource::discover(&fixture)
+                .map_err(|e| anyhow::anyhow!("--fixture {}: {e}", f.display()))?;
+            Source::Fixture(fixture)
+        }
         None => Source::Nvml(Box::new(NvmlSource {
             host_root: cli.host_root,
             driver_root: cli.driver_root,
             ..Default::default()
         })),
     };
+    // The kubelet's directory must take our sockets.
+    let probe = cli
+        .plugin_dir
+        .join(format!(".tessera-write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "--plugin-dir {}: cannot create sockets there: {e}",
+                cli.plugin_dir.display()
+            )
+        })?;
     let config = Config {
         plugin_dir: cli.plugin_dir,
         memory_unit_mib: cli.memory_unit_mib,

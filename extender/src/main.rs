@@ -138,7 +138,7 @@ struct SimulateArgs {
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Pod list variant in --trace: default, cpu050, gpushare40, gpuspec10, multigpu20.
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = "default", value_parser = ["default", "cpu050", "gpushare40", "gpuspec10", "multigpu20"])]
     variant: String,
     /// Node list CSV (overrides --trace's).
     #[arg(long)]

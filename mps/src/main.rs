@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 /// Tessera's MPS supervisor: one NVIDIA MPS control daemon per card that can host shares.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(name = "tessera-mps-supervisor", version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -22,10 +22,10 @@ struct RunArgs {
     #[arg(long, default_value = "/var/run/nri/nri.sock")]
     socket: PathBuf,
     /// Plugin name.
-    #[arg(long, default_value = "tessera")]
+    #[arg(long, default_value = "tessera", value_parser = plugin_name)]
     name: String,
     /// Plugin index (two digits; lower runs first).
-    #[arg(long, default_value = "10")]
+    #[arg(long, default_value = "10", value_parser = plugin_index)]
     idx: String,
     /// This node's name (allocations for other nodes are refused).
     #[arg(long, env = "NODE_NAME")]
@@ -104,6 +104,23 @@ enum Command {
     /// Check this node: NRI socket, runtime NRI/CDI settings, Tessera's CDI spec, driver, keys.
     /// Exits 1 when something must be fixed.
     Check(CheckArgs),
+}
+
+/// An NRI plugin name: what the runtime shows (non-empty, no `/` or whitespace).
+fn plugin_name(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.contains('/') || s.contains(char::is_whitespace) {
+        return Err("a plugin name is a word without '/' or spaces".into());
+    }
+    Ok(s.to_string())
+}
+
+/// An NRI plugin index: exactly two digits, as the runtime orders plugins.
+fn plugin_index(s: &str) -> Result<String, String> {
+    if s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(s.to_string())
+    } else {
+        Err("the index is two digits, 00 to 99".into())
+    }
 }
 
 fn check(args: CheckArgs) -> anyhow::Result<()> {

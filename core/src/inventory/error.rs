@@ -5,8 +5,11 @@ use thiserror::Error;
 /// Why the inventory could not be read.
 #[derive(Debug, Error)]
 pub enum InventoryError {
-    /// A fixture file could not be read.
-    #[error("cannot read fixture {path}")]
+    /// A fixture file could not be read (and it names no built-in fixture).
+    #[error(
+        "cannot read fixture {path} (neither a readable file nor a built-in: {})",
+        crate::inventory::BUILTIN_FIXTURES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+    )]
     ReadFixture {
         path: PathBuf,
         #[source]
