@@ -9,6 +9,8 @@
 #       sets apt_opts (for apt-get / apt-cache) and apt_dir, and updates the package lists
 #   pick PACKAGE SUITE PREFIX
 #       prints the newest version of PACKAGE in SUITE that starts with PREFIX
+#   extract NAME PACKAGE VERSION
+#       downloads PACKAGE=VERSION and unpacks it (dpkg -x) at $cache/NAME, replacing it whole
 
 open_cache() {
   cache="$1"
@@ -44,4 +46,12 @@ pick() {
   apt-cache "${apt_opts[@]}" madison "$1" | awk -F'|' -v suite="$2" -v prefix="$3" '
     { gsub(/ /, "", $2); if (index($3, " " suite "/") && index($2, prefix) == 1) print $2 }' |
     sort -V | tail -n 1
+}
+
+extract() {
+  local dest="$cache/$1"
+  rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+  (cd "$apt_dir/debs" && apt-get "${apt_opts[@]}" -qq download "$2=$3" >/dev/null)
+  dpkg -x "$apt_dir/debs/$(ls "$apt_dir/debs" | grep -F "$2_" | grep -F "$(echo "$3" | sed 's/:/%3a/')" | head -n 1)" "$dest.tmp"
+  rm -rf "$dest" && mv "$dest.tmp" "$dest"
 }

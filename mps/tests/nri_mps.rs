@@ -34,14 +34,8 @@ const TENANT_IMAGE: &str = "docker.io/tessera/mps-tenant:test";
 fn tenant_image(work: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
     let u = Userspace::get()?;
     let rootfs = work.join("rootfs");
+    u.rootfs_with_libc6(&rootfs)?;
     std::fs::create_dir_all(rootfs.join("bin"))?;
-    std::fs::create_dir_all(rootfs.join("tmp"))?;
-    let st = Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", u.libc6().display()))
-        .arg(&rootfs)
-        .status()?;
-    anyhow::ensure!(st.success(), "copying libc6");
     std::fs::copy(Runtimes::get()?.busybox(), rootfs.join("bin/busybox"))?;
     for applet in ["sh", "ls", "cat", "echo", "env", "touch", "dd", "rm", "sleep", "true"] {
         std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet))?;

@@ -41,13 +41,6 @@ vcni="$(pick containernetworking-plugins bookworm 1.)"
 for v in vetcd vcni; do
   [ -n "${!v}" ] || { echo "fetch.sh: no version found for $v" >&2; exit 1; }
 done
-extract() { # NAME PACKAGE VERSION
-  local dest="$cache/$1"
-  rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
-  (cd "$apt_dir/debs" && apt-get "${apt_opts[@]}" -qq download "$2=$3" >/dev/null)
-  dpkg -x "$apt_dir/debs/$(ls "$apt_dir/debs" | grep -F "$2_" | grep -F "$(echo "$3" | sed 's/:/%3a/')" | head -n 1)" "$dest.tmp"
-  rm -rf "$dest" && mv "$dest.tmp" "$dest"
-}
 extract etcd etcd-server "$vetcd"
 extract cni containernetworking-plugins "$vcni"
 

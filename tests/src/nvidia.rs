@@ -147,6 +147,19 @@ impl Userspace {
         &self.item("libc6").1
     }
 
+    /// Starts an image's root filesystem at `rootfs`: Debian's glibc ([`Userspace::libc6`]),
+    /// which NVIDIA's programs and libraries need, and an empty `/tmp`.
+    pub fn rootfs_with_libc6(&self, rootfs: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(rootfs.join("tmp"))?;
+        let st = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", self.libc6().display()))
+            .arg(rootfs)
+            .status()?;
+        anyhow::ensure!(st.success(), "copying libc6 into {}", rootfs.display());
+        Ok(())
+    }
+
     /// Debian bullseye's glibc 2.31 and its programs (`usr/bin/getent`, ...), unpacked: the
     /// oldest glibc reachable here.
     pub fn libc6_2_31(&self) -> &Path {

@@ -19,16 +19,8 @@ const IMAGE: &str = "docker.io/tessera/libcuda-probe:test";
 
 /// An image holding Debian's glibc and the probe, built with this machine's compiler.
 fn probe_image(work: &Path) -> anyhow::Result<PathBuf> {
-    let u = Userspace::get()?;
     let rootfs = work.join("rootfs");
-    std::fs::create_dir_all(&rootfs)?;
-    let st = Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", u.libc6().display()))
-        .arg(&rootfs)
-        .status()?;
-    anyhow::ensure!(st.success(), "copying libc6");
-    std::fs::create_dir_all(rootfs.join("tmp"))?;
+    Userspace::get()?.rootfs_with_libc6(&rootfs)?;
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("nvidia/libcuda-probe.c");
     let st = Command::new("cc")
         .args(["-O2", "-o"])

@@ -512,78 +512,47 @@ async fn bind_pod(inner: Arc<Inner>, ns: String, name: String, body: Bytes) -> R
 
 type S = State<Arc<Inner>>;
 
+/// List, watch and create of a cluster-scoped core kind.
+fn cluster_collection(kind: Kind) -> axum::routing::MethodRouter<Arc<Inner>> {
+    get(move |State(i): S, Query(q): Query<ListQuery>| list_or_watch(i, kind, None, q)).post(
+        move |State(i): S, b: Bytes| async move {
+            respond(parse_body(&b).and_then(|v| i.create(kind, "", v)), StatusCode::CREATED)
+        },
+    )
+}
+
+/// Get, replace, patch and delete of one object of a cluster-scoped core kind.
+fn cluster_item(kind: Kind) -> axum::routing::MethodRouter<Arc<Inner>> {
+    get(move |State(i): S, Path(n): Path<String>| async move {
+        respond(
+            i.get(kind, "", &n).ok_or_else(|| {
+                status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("{} {n:?} not found", kind.name().to_lowercase()),
+                )
+            }),
+            StatusCode::OK,
+        )
+    })
+    .put(move |State(i): S, Path(n): Path<String>, b: Bytes| async move {
+        respond(replace_fn(&b).and_then(|f| i.update(kind, "", &n, f)), StatusCode::OK)
+    })
+    .patch(
+        move |State(i): S, Path(n): Path<String>, h: HeaderMap, b: Bytes| async move {
+            respond(patch_fn(&h, &b).and_then(|f| i.update(kind, "", &n, f)), StatusCode::OK)
+        },
+    )
+    .delete(move |State(i): S, Path(n): Path<String>| async move { respond(i.delete(kind, "", &n), StatusCode::OK) })
+}
+
 fn router(inner: Arc<Inner>) -> Router {
     Router::new()
-        .route(
-            "/api/v1/nodes",
-            get(|State(i): S, Query(q): Query<ListQuery>| list_or_watch(i, Kind::Node, None, q)).post(
-                |State(i): S, b: Bytes| async move {
-                    respond(
-                        parse_body(&b).and_then(|v| i.create(Kind::Node, "", v)),
-                        StatusCode::CREATED,
-                    )
-                },
-            ),
-        )
-        .route(
-            "/api/v1/nodes/{name}",
-            get(|State(i): S, Path(n): Path<String>| async move {
-                respond(
-                    i.get(Kind::Node, "", &n)
-                        .ok_or_else(|| status(StatusCode::NOT_FOUND, "NotFound", format!("node {n:?} not found"))),
-                    StatusCode::OK,
-                )
-            })
-            .put(|State(i): S, Path(n): Path<String>, b: Bytes| async move {
-                respond(
-                    replace_fn(&b).and_then(|f| i.update(Kind::Node, "", &n, f)),
-                    StatusCode::OK,
-                )
-            })
-            .patch(
-                |State(i): S, Path(n): Path<String>, h: HeaderMap, b: Bytes| async move {
-                    respond(
-                        patch_fn(&h, &b).and_then(|f| i.update(Kind::Node, "", &n, f)),
-                        StatusCode::OK,
-                    )
-                },
-            )
-            .delete(|State(i): S, Path(n): Path<String>| async move {
-                respond(i.delete(Kind::Node, "", &n), StatusCode::OK)
-            }),
-        )
-        .route(
-            "/api/v1/namespaces",
-            get(|State(i): S, Query(q): Query<ListQuery>| list_or_watch(i, Kind::Namespace, None, q)).post(
-                |State(i): S, b: Bytes| async move {
-                    respond(
-                        parse_body(&b).and_then(|v| i.create(Kind::Namespace, "", v)),
-                        StatusCode::CREATED,
-                    )
-                },
-            ),
-        )
-        .route(
-            "/api/v1/namespaces/{ns}",
-            get(|State(i): S, Path(n): Path<String>| async move {
-                respond(
-                    i.get(Kind::Namespace, "", &n)
-                        .ok_or_else(|| status(StatusCode::NOT_FOUND, "NotFound", format!("namespace {n:?} not found"))),
-                    StatusCode::OK,
-                )
-            })
-            .patch(
-                |State(i): S, Path(n): Path<String>, h: HeaderMap, b: Bytes| async move {
-                    respond(
-                        patch_fn(&h, &b).and_then(|f| i.update(Kind::Namespace, "", &n, f)),
-                        StatusCode::OK,
-                    )
-                },
-            )
-            .delete(|State(i): S, Path(n): Path<String>| async move {
-                respond(i.delete(Kind::Namespace, "", &n), StatusCode::OK)
-            }),
-        )
+        .route("/api/v1/nodes", cluster_collection(Kind::Node))
+        .route("/api/v1/nodes/{name}", cluster_item(Kind::Node))
+        .route("/api/v1/namespaces", cluster_collection(Kind::Namespace))
+        // `{ns}`: the path parameter's name is shared with the namespaced routes below.
+        .route("/api/v1/namespaces/{ns}", cluster_item(Kind::Namespace))
         .route(
             "/api/v1/pods",
             get(|State(i): S, Query(q): Query<ListQuery>| list_or_watch(i, Kind::Pod, None, q)),

@@ -379,8 +379,8 @@ impl Containerd {
         Ok(resp.into_inner().container_id)
     }
 
-    /// The container's final OCI spec (after CDI and NRI), from verbose ContainerStatus.
-    pub async fn oci_spec(&mut self, id: &str) -> anyhow::Result<oci_spec::runtime::Spec> {
+    /// containerd's verbose ContainerStatus `info` (the runtime spec, the task's pid, ...).
+    async fn verbose_info(&mut self, id: &str) -> anyhow::Result<serde_json::Value> {
         let resp = self
             .cri()?
             .container_status(cri::ContainerStatusRequest {
@@ -390,28 +390,24 @@ impl Containerd {
             .await?
             .into_inner();
         let info = resp.info.get("info").context("ContainerStatus has no info[\"info\"]")?;
-        let mut v: serde_json::Value = serde_json::from_str(info).context("info is not JSON")?;
+        serde_json::from_str(info).context("info is not JSON")
+    }
+
+    /// The container's final OCI spec (after CDI and NRI), from verbose ContainerStatus.
+    pub async fn oci_spec(&mut self, id: &str) -> anyhow::Result<oci_spec::runtime::Spec> {
+        let mut v = self.verbose_info(id).await?;
         let spec = v.get_mut("runtimeSpec").context("info has no runtimeSpec")?.take();
         serde_json::from_value(spec).context("runtimeSpec is not an OCI spec")
     }
 
     /// The host pid of the running container's first process, from verbose ContainerStatus.
     pub async fn task_pid(&mut self, id: &str) -> anyhow::Result<u32> {
-        let resp = self
-            .cri()?
-            .container_status(cri::ContainerStatusRequest {
-                container_id: id.into(),
-                verbose: true,
-            })
-            .await?
-            .into_inner();
-        let info = resp.info.get("info").context("ContainerStatus has no info[\"info\"]")?;
-        let v: serde_json::Value = serde_json::from_str(info).context("info is not JSON")?;
+        let v = self.verbose_info(id).await?;
         v.get("pid")
             .and_then(serde_json::Value::as_u64)
             .and_then(|p| u32::try_from(p).ok())
             .filter(|p| *p > 0)
-            .with_context(|| format!("info has no pid: {info}"))
+            .with_context(|| format!("info has no pid: {v}"))
     }
 
     /// The container's CRI status.
