@@ -72,6 +72,29 @@ fn fragmentation_aware_policies_beat_random() {
     assert_eq!(csv.lines().count(), 1 + 3 * 130);
     let svg = chart::svg("t <&>", &series);
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-    assert_eq!(svg.matches("<polyline").count(), 3);
-    assert!(svg.contains("t &lt;&amp;&gt;"));
+    // Two panels (allocation, fragmentation), a line per policy in each, each line its own
+    // width (widest first, so lines on top of each other stay visible).
+    assert_eq!(svg.matches("<polyline").count(), 2 * 3);
+    let widths: Vec<&str> = svg
+        .lines()
+        .filter(|l| l.starts_with("<polyline"))
+        .filter_map(|l| l.split("stroke-width=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(widths[..3], ["8.0", "4.8", "1.5"], "{widths:?}");
+    assert!(svg.contains("t &lt;&amp;&gt;") && svg.contains("fragmentation rate"));
+    // The y axis spans the data: its lowest label is at or below the lowest point shown.
+    let lowest = series
+        .iter()
+        .flat_map(|s| s.points.iter().skip(49))
+        .map(|p| p.allocation_pct)
+        .fold(f64::INFINITY, f64::min);
+    let first_label: f64 = svg
+        .lines()
+        .find(|l| l.contains("text-anchor=\"end\""))
+        .and_then(|l| l.split('>').nth(1)?.split('%').next()?.parse().ok())
+        .unwrap();
+    assert!(
+        first_label <= lowest && lowest - first_label < 5.0,
+        "axis from {first_label}, data from {lowest}"
+    );
 }
