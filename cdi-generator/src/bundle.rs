@@ -99,12 +99,17 @@ fn link_or_copy(from: &Path, to: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Where [`prepare`] puts the bundle of `inv`'s driver under `root`, without making it.
+pub fn planned(inv: &NodeInventory, host_root: &Path, root: &Path) -> PathBuf {
+    root.join(key(inv, host_root))
+}
+
 /// Makes (or finds) the bundle of `inv`'s driver under `root` (a host path this process can
 /// write at the same path); driver files are read under `host_root`. Returns the bundle's
 /// path.
 pub fn prepare(inv: &NodeInventory, host_root: &Path, root: &Path) -> Result<PathBuf, BundleError> {
     std::fs::create_dir_all(root).map_err(err(root))?;
-    let dir = root.join(key(inv, host_root));
+    let dir = planned(inv, host_root, root);
     if dir.join(COMPLETE).exists() {
         return Ok(dir);
     }

@@ -205,11 +205,20 @@ async fn main() -> anyhow::Result<()> {
         } => {
             quiet_on_closed_stdout();
             let inventory = source.source().discover().context("reading the GPU inventory")?;
-            enforcement.install_hook()?;
+            // Printing a spec to read writes nothing on this machine: the driver bundle is
+            // named where the daemon would make it, the hook is not installed.
+            let printing = output == "-";
+            if !printing {
+                enforcement.install_hook()?;
+            }
             let mut opts = enforcement.spec(&source.dev_root);
             if let Some(b) = enforcement.bundle(&source) {
                 inventory.driver_check().map_err(anyhow::Error::msg)?;
-                opts.driver_bundle = Some(bundle::prepare(&inventory, &b.host_root, &b.root)?);
+                opts.driver_bundle = Some(if printing {
+                    bundle::planned(&inventory, &b.host_root, &b.root)
+                } else {
+                    bundle::prepare(&inventory, &b.host_root, &b.root)?
+                });
             }
             let (spec, text) = spec::render(&inventory, &opts)?;
             let missing = spec::missing_host_paths(&spec, &opts, &source.host_root);

@@ -182,3 +182,35 @@ fn a_fixture_with_a_driver_root_names_only_files_that_exist() {
     }
     assert!(mounted > 5, "{spec}");
 }
+
+/// Printing a spec to read writes nothing on the machine: no driver bundle (it is named where
+/// the daemon would make it), no hook installed, nothing left behind.
+#[test]
+fn printing_a_spec_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bundles, hook) = (dir.path().join("bundles"), dir.path().join("hook"));
+    let out = std::process::Command::new(BIN)
+        .args([
+            "generate",
+            "--fixture",
+            "t4x2",
+            "--share-enforcement",
+            "hook",
+            "--driver-bundle-dir",
+        ])
+        .arg(&bundles)
+        .arg("--hook-root")
+        .arg(&hook)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let spec = String::from_utf8_lossy(&out.stdout);
+    assert!(spec.contains(&format!("{}/550.54.15-", bundles.display())), "{spec}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "written under {}",
+        dir.path().display()
+    );
+}
