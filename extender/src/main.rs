@@ -313,7 +313,31 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         ProgressStyle::with_template("{bar:40} {percent}% {elapsed}/{duration} {msg}").expect("valid template"),
     );
     let start = Instant::now();
-    let results = simulate::run_all(&scenario, &args.policies, &seeds, threads, &|| bar.inc(1));
+    // Off a terminal the bar is not drawn: a line at each tenth of the runs instead, so that a
+    // long run logged to a file still says where it is.
+    let lines = !args.quiet && !std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let tick = || {
+        bar.inc(1);
+        let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        // `total` is an estimate: nothing is said past it.
+        if lines && d < total && d * 10 / total > (d - 1) * 10 / total {
+            let elapsed = start.elapsed().as_secs_f64();
+            eprintln!(
+                "simulate: {}% ({d} of about {total} tasks placed), {elapsed:.0} s elapsed, about {:.0} s left",
+                d * 100 / total,
+                elapsed * (total - d) as f64 / d as f64
+            );
+        }
+    };
+    let results = simulate::run_all(&scenario, &args.policies, &seeds, threads, &tick);
+    if lines {
+        eprintln!(
+            "simulate: done, {} runs in {:.1} s",
+            results.len(),
+            start.elapsed().as_secs_f64()
+        );
+    }
     bar.finish_and_clear();
     let wall = start.elapsed();
     let series = report::summarize(&results);

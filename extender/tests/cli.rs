@@ -136,3 +136,29 @@ fn manifests_and_serve_refuse_nonsense_naming_the_flag() {
     assert_eq!(code, Some(0));
     assert!(printed > 0);
 }
+
+/// Output to a file or a pipe: no bar, but a progress line on stderr at each tenth of the runs.
+#[test]
+fn simulate_off_a_terminal_says_how_far_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera-extender"))
+        .args(["simulate", "--seeds", "42", "--policies", "random,fgd", "--out-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("simulate: ")).collect();
+    let tenths: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("simulate: ")?.split('%').next())
+        .filter(|p| p.parse::<u32>().is_ok())
+        .collect();
+    assert_eq!(tenths, ["10", "20", "30", "40", "50", "60", "70", "80", "90"], "{err}");
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.starts_with("simulate: done, 2 runs in ")),
+        "{err}"
+    );
+}
