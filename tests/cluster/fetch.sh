@@ -7,7 +7,7 @@
 #
 # Kubernetes comes from KUBE_BIN_DIR (a directory of upstream binaries: kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubelet, kubectl) when set, else from the shared
-# multi-call binary (../shared/k8s/kube-all.xz beside the checkout, or KUBE_ALL_XZ), linked
+# multi-call binary (shared/k8s/kube-all.xz beside the checkout or in it, or KUBE_ALL_XZ), linked
 # under each name. etcd is Debian sid's etcd-server, the CNI plugins bookworm's
 # containernetworking-plugins. Prints one line per item: NAME VERSION PATH.
 set -euo pipefail
@@ -25,8 +25,17 @@ if [ -n "${KUBE_BIN_DIR:-}" ]; then
     ln -s "$(cd "$KUBE_BIN_DIR" && pwd)/$n" "$bin/$n"
   done
 else
-  xz_file="${KUBE_ALL_XZ:-$repo/../shared/k8s/kube-all.xz}"
-  [ -f "$xz_file" ] || { echo "fetch.sh: no $xz_file (set KUBE_ALL_XZ or KUBE_BIN_DIR)" >&2; exit 1; }
+  xz_file="${KUBE_ALL_XZ:-}"
+  if [ -z "$xz_file" ]; then
+    # shared/ beside the checkout, or inside it (a working tree carried elsewhere).
+    for c in "$repo/../shared/k8s/kube-all.xz" "$repo/shared/k8s/kube-all.xz"; do
+      [ -f "$c" ] && { xz_file="$c"; break; }
+    done
+  fi
+  [ -n "$xz_file" ] && [ -f "$xz_file" ] || {
+    echo "fetch.sh: no Kubernetes binaries: neither ../shared/k8s/kube-all.xz beside the checkout nor KUBE_ALL_XZ or KUBE_BIN_DIR" >&2
+    exit 1
+  }
   xz -dc "$xz_file" > "$bin/kube-all"
   chmod +x "$bin/kube-all"
   for n in $names; do ln -s kube-all "$bin/$n"; done
