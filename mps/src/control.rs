@@ -86,8 +86,11 @@ impl MpsBinaries {
     /// Sends one control command (`get_default_active_thread_percentage`, `quit`) to a card's
     /// daemon and returns its answer; an error when the daemon does not answer in `timeout`.
     /// The daemon serves one control connection at a time and turns others away ("Cannot send
-    /// command"): those are tried again until `timeout`, so a client keeping it busy does not
-    /// make a health check or a ceiling fail.
+    /// command"), or, met at another moment, lets the client exit 0 having said nothing and
+    /// done nothing (seen on the real 535 daemon while another client held its connection).
+    /// Both are tried again until `timeout` (the second only for commands that always answer,
+    /// see [`answers`]), so a client keeping it busy does not make a health check or a ceiling
+    /// fail. Commands that answer nothing are checked by reading back, as `apply_ceiling` does.
     pub async fn command(
         &self,
         layout: &MpsLayout,
@@ -100,6 +103,15 @@ impl MpsBinaries {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             match self.command_once(layout, uuid, cmd, left).await {
                 Err(e) if e.contains(BUSY) && tokio::time::Instant::now() + BUSY_RETRY < deadline => {
+                    tokio::time::sleep(BUSY_RETRY).await;
+                }
+                Ok(out) if out.is_empty() && answers(cmd) => {
+                    if tokio::time::Instant::now() + BUSY_RETRY >= deadline {
+                        return Err(format!(
+                            "{cmd:?} got an empty answer until {}s passed",
+                            timeout.as_secs()
+                        ));
+                    }
                     tokio::time::sleep(BUSY_RETRY).await;
                 }
                 other => return other,
@@ -144,6 +156,17 @@ impl MpsBinaries {
             Err(format!("{cmd:?} failed ({}): {}", out.status, err.trim()))
         }
     }
+}
+
+/// Whether the daemon always prints something for `cmd`, so that an empty answer means the
+/// command was not carried out. Seen on the real 535 daemon: the default percentage, read or
+/// set, is always printed; `get_server_list` with no servers, the default memory limit when
+/// none is set, its set and a privileged `quit` print nothing.
+pub fn answers(cmd: &str) -> bool {
+    matches!(
+        cmd.split_whitespace().next(),
+        Some("get_default_active_thread_percentage" | "set_default_active_thread_percentage")
+    )
 }
 
 /// What the control client says when the daemon turned its connection away (busy with another).

@@ -439,8 +439,11 @@ fn ask_in(dir: &Path, cmd: &str, uid: Option<u32>) -> String {
     use std::io::Write as _;
     use std::os::unix::process::CommandExt as _;
     // The daemon serves one control connection at a time: a client that meets it busy (the
-    // supervisor putting a ceiling back) is told "Cannot send command" and tries again.
-    for _ in 0..50 {
+    // supervisor putting a ceiling back) is told "Cannot send command", or exits 0 having said
+    // nothing and done nothing, and tries again. Every command this file sends prints an answer
+    // but the memory limit's set.
+    let silent = cmd.starts_with("set_default_device_pinned_mem_limit");
+    for _ in 0..200 {
         let mut c = Command::new(control(Branch::R535));
         c.env("CUDA_MPS_PIPE_DIRECTORY", dir)
             .stdin(Stdio::piped())
@@ -453,11 +456,12 @@ fn ask_in(dir: &Path, cmd: &str, uid: Option<u32>) -> String {
         // The client exits at once when it finds no daemon: its stdin may be closed by then.
         let _ = writeln!(child.stdin.take().unwrap(), "{cmd}");
         let out = child.wait_with_output().unwrap();
-        if String::from_utf8_lossy(&out.stderr).contains("Cannot send command") {
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if String::from_utf8_lossy(&out.stderr).contains("Cannot send command") || (said.is_empty() && !silent) {
             std::thread::sleep(Duration::from_millis(50));
             continue;
         }
-        return String::from_utf8_lossy(&out.stdout).trim().to_string();
+        return said;
     }
     panic!("{cmd}: the daemon stayed busy")
 }
@@ -538,4 +542,57 @@ fn the_daemon_holds_the_cards_ceiling_and_a_client_cannot_lift_it() {
         s.state(&cards[0]).unwrap().ceiling == Some(odd)
     });
     assert_eq!(defaults(&cards[0]), ("40.0".into(), "1G".into()));
+}
+
+/// The real daemon, while another client holds its one control connection, sometimes lets a
+/// second client exit 0 having said and done nothing. A read the supervisor makes then (a
+/// health check, a ceiling's read-back) is tried again, not taken as an empty answer.
+#[test]
+fn a_read_meeting_a_held_control_connection_waits_for_the_answer() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let cards = uuids("t4x2");
+    let s = Running::start_checking(dir.path(), "t4x2", Branch::R535, 60);
+    s.wait("ready", Duration::from_secs(20), |s| cards.iter().all(|u| s.ready(u)));
+    let binaries = tessera_mps::control::MpsBinaries {
+        control: control(Branch::R535),
+        path_dirs: vec![],
+        library_dirs: vec![],
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let read = || {
+        rt.block_on(binaries.command(
+            &s.layout,
+            &cards[0],
+            "get_default_active_thread_percentage",
+            Duration::from_secs(10),
+        ))
+    };
+    for round in 0..3 {
+        // A tenant's client connects and sends nothing for a while.
+        let mut holder = Command::new(control(Branch::R535))
+            .env("CUDA_MPS_PIPE_DIRECTORY", s.layout.client_dir(&cards[0]))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = holder.stdin.take().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(700));
+            let _ = writeln!(stdin, "get_default_active_thread_percentage");
+        });
+        let started = Instant::now();
+        assert_eq!(read(), Ok("1.0".to_string()), "round {round}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "round {round}: answered while the connection was held"
+        );
+        release.join().unwrap();
+        holder.wait().unwrap();
+    }
 }
