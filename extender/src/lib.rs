@@ -6,4 +6,3 @@ pub mod admission;
 pub mod claims;
 pub mod manifests;
 pub mod service;
-pub mod simulate;

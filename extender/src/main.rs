@@ -1,15 +1,9 @@
 mod serve_cmd;
 
-use std::path::PathBuf;
-use std::time::Instant;
-
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
-use tessera_core::placement::PodDemand;
-use tessera_extender::simulate::{self, Scenario, chart, embedded, report, trace};
 
-/// Tessera's kube-scheduler extender and placement simulator.
+/// Tessera's kube-scheduler extender.
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
@@ -19,9 +13,6 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Replay a cluster trace through the placement engine (the embedded default when no
-    /// trace is given) and compare policies.
-    Simulate(SimulateArgs),
     /// Run the kube-scheduler HTTP extender (filter / prioritize / bind / preempt).
     Serve(serve_cmd::ServeArgs),
     /// Print the install manifests (typed objects rendered to YAML).
@@ -132,246 +123,6 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[derive(Args)]
-struct SimulateArgs {
-    /// Directory of the Alibaba openb CSVs (cluster-trace-gpu-v2023).
-    #[arg(long)]
-    trace: Option<PathBuf>,
-    /// Pod list variant in --trace: default, cpu050, gpushare40, gpuspec10, multigpu20.
-    #[arg(long, default_value = "default", value_parser = ["default", "cpu050", "gpushare40", "gpuspec10", "multigpu20"])]
-    variant: String,
-    /// Node list CSV (overrides --trace's).
-    #[arg(long)]
-    nodes: Option<PathBuf>,
-    /// Pod list CSV (overrides --trace's).
-    #[arg(long)]
-    pods: Option<PathBuf>,
-    /// Policies to compare, comma-separated; `node/card` (e.g. `fgd/mosaic`) sets the two tiers
-    /// apart.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "random,spread,binpack,bestfit,fgd,mosaic"
-    )]
-    policies: Vec<simulate::Policies>,
-    /// Seeds: a range `42..51` (inclusive) or a list `42,43`.
-    #[arg(long, default_value = "42..51")]
-    seeds: String,
-    /// Worker threads (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Directory for the chart (SVG) and, on request, CSV and JSON.
-    #[arg(long, default_value = "target/simulate")]
-    out_dir: PathBuf,
-    /// Also write the per-point means as CSV.
-    #[arg(long)]
-    csv: bool,
-    /// Also write every run's samples as JSON.
-    #[arg(long)]
-    json: bool,
-    /// No progress bar.
-    #[arg(long)]
-    quiet: bool,
-}
-
-/// The most seeds one run takes (each seed is a full replay per policy).
-const MAX_SEEDS: u64 = 1000;
-
-fn parse_seeds(s: &str) -> anyhow::Result<Vec<u64>> {
-    let bad = || format!("--seeds={s:?}: expected a range like 42..51 or a list like 42,43");
-    let seeds: Vec<u64> = if let Some((a, b)) = s.split_once("..") {
-        let (a, b): (u64, u64) = (a.trim().parse().with_context(bad)?, b.trim().parse().with_context(bad)?);
-        if a > b {
-            bail!(bad());
-        }
-        if b - a >= MAX_SEEDS {
-            bail!(
-                "--seeds={s:?}: {} seeds; at most {MAX_SEEDS} in one run",
-                u128::from(b - a) + 1
-            );
-        }
-        (a..=b).collect()
-    } else {
-        s.split(',')
-            .map(|x| x.trim().parse::<u64>().with_context(bad))
-            .collect::<anyhow::Result<_>>()?
-    };
-    if seeds.len() as u64 > MAX_SEEDS {
-        bail!("--seeds={s:?}: {} seeds; at most {MAX_SEEDS} in one run", seeds.len());
-    }
-    if let Some(d) = seeds
-        .iter()
-        .enumerate()
-        .find_map(|(i, x)| seeds[..i].contains(x).then_some(x))
-    {
-        bail!("--seeds={s:?}: seed {d} given twice");
-    }
-    Ok(seeds)
-}
-
-/// Seeds as the user wrote them: a range when they follow each other.
-fn show_seeds(seeds: &[u64]) -> String {
-    match (seeds.first(), seeds.last()) {
-        (Some(a), Some(b)) if seeds.len() > 2 && b - a + 1 == seeds.len() as u64 => format!("{a}..{b}"),
-        _ => seeds.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
-    }
-}
-
-fn peak_rss_mib() -> f64 {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes only into the struct it is given.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
-    if rc != 0 {
-        return f64::NAN;
-    }
-    // SAFETY: initialised by the successful call above (and zeroed before it).
-    let usage = unsafe { usage.assume_init() };
-    usage.ru_maxrss as f64 / 1024.0
-}
-
-fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
-    let seeds = parse_seeds(&args.seeds)?;
-    if args.threads == Some(0) {
-        bail!("--threads=0: at least 1");
-    }
-    if let Some(p) = args
-        .policies
-        .iter()
-        .enumerate()
-        .find_map(|(i, p)| args.policies[..i].contains(p).then_some(p))
-    {
-        bail!("--policies: {p} given twice");
-    }
-    let nodes_path = args
-        .nodes
-        .clone()
-        .or_else(|| args.trace.as_ref().map(|d| d.join("openb_node_list_gpu_node.csv")));
-    let pods_path = args.pods.clone().or_else(|| {
-        args.trace
-            .as_ref()
-            .map(|d| d.join(format!("openb_pod_list_{}.csv", args.variant)))
-    });
-    let (name, nodes, tasks) = match (&nodes_path, &pods_path) {
-        (None, None) => ("embedded default".to_string(), embedded::nodes(), embedded::tasks()),
-        (Some(n), Some(p)) => (
-            p.file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            trace::read_nodes(n)?,
-            trace::read_tasks(p)?,
-        ),
-        _ => bail!("give both --nodes and --pods, or --trace"),
-    };
-    let source = nodes_path
-        .as_ref()
-        .map_or("the embedded default".to_string(), |p| p.display().to_string());
-    if nodes.iter().all(|n| n.gpus == 0) {
-        bail!(
-            "{source}: no node with a GPU ({} node(s)): nothing to place GPU tasks on",
-            nodes.len()
-        );
-    }
-    if tasks.is_empty() {
-        bail!(
-            "{}: no task to replay",
-            pods_path
-                .as_ref()
-                .map_or("the embedded default".to_string(), |p| p.display().to_string())
-        );
-    }
-    let demands: Vec<PodDemand> = tasks.iter().map(trace::TraceTask::demand).collect();
-    let scenario = Scenario::new(name.clone(), trace::cluster_of(&nodes), demands);
-    let capacity = scenario.cluster.gpu_capacity_milli();
-    let requested: u64 = scenario.tasks.iter().map(PodDemand::gpu_milli).sum();
-    println!(
-        "{name}: {} nodes, {} GPUs, {} tasks ({:.1}% of GPU capacity); {} workload classes; seeds {}; policies {}",
-        nodes.len(),
-        capacity / 1000,
-        tasks.len(),
-        100.0 * requested as f64 / capacity.max(1) as f64,
-        scenario.workload.classes.len(),
-        show_seeds(&seeds),
-        args.policies
-            .iter()
-            .map(|p| p.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    );
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let per_run = (scenario.tasks.len() as f64 * scenario.inflate_to
-        / (100.0 * requested as f64 / capacity.max(1) as f64))
-        .ceil();
-    let total = (per_run * (args.policies.len() * seeds.len()) as f64) as u64;
-    let bar = if args.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(total)
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40} {percent}% {elapsed}/{duration} {msg}").expect("valid template"),
-    );
-    let start = Instant::now();
-    // Off a terminal the bar is not drawn: a line at each tenth of the runs instead, so that a
-    // long run logged to a file still says where it is.
-    let lines = !args.quiet && !std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let done = std::sync::atomic::AtomicU64::new(0);
-    let tick = || {
-        bar.inc(1);
-        let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        // `total` is an estimate: nothing is said past it.
-        if lines && d < total && d * 10 / total > (d - 1) * 10 / total {
-            let elapsed = start.elapsed().as_secs_f64();
-            eprintln!(
-                "simulate: {}% ({d} of about {total} tasks placed), {elapsed:.0} s elapsed, about {:.0} s left",
-                d * 100 / total,
-                elapsed * (total - d) as f64 / d as f64
-            );
-        }
-    };
-    let results = simulate::run_all(&scenario, &args.policies, &seeds, threads, &tick);
-    if lines {
-        eprintln!(
-            "simulate: done, {} runs in {:.1} s",
-            results.len(),
-            start.elapsed().as_secs_f64()
-        );
-    }
-    bar.finish_and_clear();
-    let wall = start.elapsed();
-    let series = report::summarize(&results);
-    print!("{}", report::text(&series));
-    println!(
-        "\n{} runs ({} policies x {} seeds) on {threads} thread(s): wall {:.1} s, peak RSS {:.0} MiB",
-        results.len(),
-        args.policies.len(),
-        seeds.len(),
-        wall.as_secs_f64(),
-        peak_rss_mib()
-    );
-    std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
-    let stem = name.replace(' ', "-");
-    let chart_path = args.out_dir.join(format!("{stem}.svg"));
-    std::fs::write(
-        &chart_path,
-        chart::svg(&format!("GPU allocation ratio, {name}"), &series),
-    )
-    .with_context(|| format!("writing {}", chart_path.display()))?;
-    println!("chart: {}", chart_path.display());
-    if args.csv {
-        let p = args.out_dir.join(format!("{stem}.csv"));
-        std::fs::write(&p, report::csv(&series)).with_context(|| format!("writing {}", p.display()))?;
-        println!("csv: {}", p.display());
-    }
-    if args.json {
-        let p = args.out_dir.join(format!("{stem}.json"));
-        std::fs::write(&p, serde_json::to_string(&results)?).with_context(|| format!("writing {}", p.display()))?;
-        println!("json: {}", p.display());
-    }
-    Ok(())
-}
-
 /// A command whose output goes to a reader that may stop early (`| head`) ends quietly when it
 /// does, as Unix tools do (Rust ignores SIGPIPE, so a print would panic). Only for commands
 /// that print: a server keeps SIGPIPE ignored, its socket writes get errors instead.
@@ -390,10 +141,6 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     match Cli::parse().command {
-        Command::Simulate(args) => {
-            quiet_on_closed_stdout();
-            simulate(args)
-        }
         Command::Manifests(args) => {
             quiet_on_closed_stdout();
             manifests(args)

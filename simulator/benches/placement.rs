@@ -6,7 +6,7 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use tessera_core::placement::{CardDemand, CardState, ClusterState, Engine, EngineConfig, NodeState, PodDemand, Rng};
 use tessera_core::policy::PolicyKind;
-use tessera_extender::simulate::{embedded, trace};
+use tessera_simulator::{embedded, trace};
 
 fn half_full_cluster() -> ClusterState {
     let mut rng = Rng::new(5000);
