@@ -20,7 +20,7 @@ fi
 
 out=target/manifests
 mkdir -p "$out"
-cargo run -q --locked -p tessera-extender -- manifests \
+cargo run -q --locked -p tessera-deploy -- \
     --namespace gpu-sharing --image registry.example.com/tessera:dev --replicas 3 \
     --driver-root /run/nvidia/driver --share-enforcement hook --out "$out/custom.yaml"
 # The claim examples: custom resources against the CRDs, their pods with the rest.

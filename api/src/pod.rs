@@ -5,6 +5,10 @@
 use k8s_openapi::api::core::v1::Pod;
 use thiserror::Error;
 
+/// The path of the admission webhook that mutates pods naming claims (the extender serves it,
+/// the install manifests' webhook configuration calls it).
+pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
+
 /// elastic-gpu's claim annotation prefix.
 pub const ELASTIC_GPU_CLAIM_PREFIX: &str = "egpuc.elasticgpu.io/";
 /// Tessera's claim annotation prefix.

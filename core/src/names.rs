@@ -24,6 +24,9 @@ pub const LABEL_CROSS_TENANT_SHARING: &str = "tessera.io/cross-tenant-sharing";
 /// Namespace label, set by the operator: the tenant its pods belong to (namespaces with the
 /// same value are one tenant); without it a namespace is a tenant of its own.
 pub const LABEL_TENANT: &str = "tessera.io/tenant";
+/// Pod label an extender replica sets on its own pod: `leader` or `follower`, so that the
+/// webhook Service selects the leader.
+pub const LABEL_EXTENDER_ROLE: &str = "tessera.io/extender-role";
 /// Pod annotation: allowed GPU models, `|`-separated.
 pub const ANNOTATION_GPU_MODEL: &str = "tessera.io/gpu-model";
 /// Pod annotation: how well each container's whole cards must be connected (`nvlink`,

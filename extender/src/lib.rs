@@ -1,8 +1,7 @@
-//! Tessera's cluster-side service: the kube-scheduler HTTP extender, the ElasticGPU claims
-//! (admission webhook and controller), and the placement simulator, all driving
-//! `tessera_core::placement`.
+//! Tessera's scheduler service: the kube-scheduler HTTP extender (filter, prioritize, bind,
+//! preempt) over `tessera_core`'s ledger and placement, fed by watches, with leader election,
+//! events and metrics; the ElasticGPU claims (admission webhook and controller) it runs.
 
 pub mod admission;
 pub mod claims;
-pub mod manifests;
 pub mod service;

@@ -1,7 +1,6 @@
 mod serve_cmd;
 
-use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 /// Tessera's kube-scheduler extender.
 #[derive(Parser)]
@@ -15,123 +14,6 @@ struct Cli {
 enum Command {
     /// Run the kube-scheduler HTTP extender (filter / prioritize / bind / preempt).
     Serve(serve_cmd::ServeArgs),
-    /// Print the install manifests (typed objects rendered to YAML).
-    Manifests(ManifestArgs),
-}
-
-#[derive(Args)]
-struct ManifestArgs {
-    /// Namespace for every namespaced object.
-    #[arg(long, default_value = "tessera-system")]
-    namespace: String,
-    /// The Tessera image.
-    #[arg(long)]
-    image: Option<String>,
-    /// The kube-scheduler image for the `tessera` scheduler (match your cluster's version).
-    #[arg(long)]
-    scheduler_image: Option<String>,
-    /// Extender replicas.
-    #[arg(long, default_value_t = 2)]
-    replicas: i32,
-    /// Host directory of the NVIDIA driver files (default: each node detects it).
-    #[arg(long)]
-    driver_root: Option<String>,
-    /// How GPU nodes hold shares to their limits: `mps` (adds the MPS supervisor), `hook`
-    /// (Tessera's CUDA hook preloaded into share containers) or `none`.
-    #[arg(long, default_value = "mps")]
-    share_enforcement: tessera_core::enforcement::ShareEnforcement,
-    /// The container runtime's NRI socket on the GPU nodes.
-    #[arg(long, default_value = "/var/run/nri/nri.sock")]
-    nri_socket: String,
-    /// Where the container runtime reads CDI specs on the GPU nodes.
-    #[arg(long, default_value = "/var/run/cdi")]
-    cdi_dir: String,
-    /// Print only the KubeSchedulerConfiguration.
-    #[arg(long)]
-    scheduler_config: bool,
-    /// Write here instead of stdout.
-    #[arg(long, default_value = "-")]
-    out: String,
-}
-
-fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
-    use tessera_extender::manifests::{ManifestOptions, render, scheduler_config};
-    let d = ManifestOptions::default();
-    anyhow::ensure!(
-        args.replicas >= 1,
-        "--replicas must be at least 1, got {}",
-        args.replicas
-    );
-    // A DNS-1123 label, as Kubernetes wants namespace names.
-    let ns = &args.namespace;
-    anyhow::ensure!(
-        !ns.is_empty()
-            && ns.len() <= 63
-            && ns
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !ns.starts_with('-')
-            && !ns.ends_with('-'),
-        "--namespace={ns:?}: not a namespace name (lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit)"
-    );
-    for (flag, image) in [("--image", &args.image), ("--scheduler-image", &args.scheduler_image)] {
-        if let Some(i) = image {
-            anyhow::ensure!(
-                !i.is_empty() && !i.contains(char::is_whitespace),
-                "{flag}={i:?}: not an image reference"
-            );
-        }
-    }
-    for (flag, path) in [
-        ("--driver-root", args.driver_root.as_deref()),
-        ("--nri-socket", Some(args.nri_socket.as_str())),
-        ("--cdi-dir", Some(args.cdi_dir.as_str())),
-    ] {
-        if let Some(p) = path {
-            anyhow::ensure!(
-                p.starts_with('/') && !p.contains(char::is_whitespace),
-                "{flag}={p:?}: must be an absolute host path"
-            );
-        }
-    }
-    anyhow::ensure!(
-        !args.nri_socket.ends_with('/'),
-        "--nri-socket={:?}: must name the socket, not its directory",
-        args.nri_socket
-    );
-    let opts = ManifestOptions {
-        namespace: args.namespace,
-        image: args.image.unwrap_or(d.image),
-        scheduler_image: args.scheduler_image.unwrap_or(d.scheduler_image),
-        replicas: args.replicas,
-        driver_root: args.driver_root,
-        share_enforcement: args.share_enforcement,
-        nri_socket: args.nri_socket,
-        cdi_dir: args.cdi_dir,
-        ..d
-    };
-    let text = if args.scheduler_config {
-        scheduler_config(&opts)
-    } else {
-        render(&opts)
-    };
-    if args.out == "-" {
-        print!("{text}");
-    } else {
-        std::fs::write(&args.out, text).with_context(|| format!("writing {}", args.out))?;
-    }
-    Ok(())
-}
-
-/// A command whose output goes to a reader that may stop early (`| head`) ends quietly when it
-/// does, as Unix tools do (Rust ignores SIGPIPE, so a print would panic). Only for commands
-/// that print: a server keeps SIGPIPE ignored, its socket writes get errors instead.
-fn quiet_on_closed_stdout() {
-    // SAFETY: restoring the default disposition of one signal, before any thread that could
-    // race on it prints.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -141,10 +23,6 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     match Cli::parse().command {
-        Command::Manifests(args) => {
-            quiet_on_closed_stdout();
-            manifests(args)
-        }
         Command::Serve(args) => tokio::runtime::Runtime::new()?.block_on(serve_cmd::serve(args)),
     }
 }

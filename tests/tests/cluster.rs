@@ -98,7 +98,7 @@ mod tessera {
     use anyhow::Context as _;
     use serde_json::Value;
     use tessera_core::inventory::{FixtureSource, InventorySource, create_device_nodes};
-    use tessera_extender::manifests::{self, ManifestOptions};
+    use tessera_deploy::{self as manifests, ManifestOptions};
     use tessera_tests::cluster::{Cluster, NODE};
     use tessera_tests::nvidia::{Branch, Layout, Userspace};
 

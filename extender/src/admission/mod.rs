@@ -32,8 +32,7 @@ use tracing::{info, warn};
 use crate::claims::ClaimStores;
 use crate::service::cluster::Cluster;
 
-/// The path the webhook configuration calls.
-pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
+use tessera_api::pod::MUTATE_PODS_PATH;
 
 /// What the webhook reads.
 pub struct Webhook {

@@ -28,12 +28,9 @@ pub struct LeaseConfig {
     /// Time between attempts.
     pub retry_period: Duration,
     /// Label this replica's own pod (named `identity`, in `namespace`) with its role, so the
-    /// Service can select the leader ([`ROLE_LABEL`]).
+    /// Service can select the leader ([`LABEL_EXTENDER_ROLE`](tessera_core::names::LABEL_EXTENDER_ROLE)).
     pub label_pod: bool,
 }
-
-/// The pod label carrying a replica's role: `leader` or `follower`.
-pub const ROLE_LABEL: &str = "tessera.io/extender-role";
 
 impl LeaseConfig {
     /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry.
@@ -200,7 +197,7 @@ async fn label_role(leases: &Api<Lease>, cfg: &LeaseConfig, leader: bool) -> boo
     }
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(leases.clone().into_client(), &cfg.namespace);
     let role = if leader { "leader" } else { "follower" };
-    let patch = serde_json::json!({"metadata": {"labels": {ROLE_LABEL: role}}});
+    let patch = serde_json::json!({"metadata": {"labels": {tessera_core::names::LABEL_EXTENDER_ROLE: role}}});
     match pods
         .patch(
             &cfg.identity,

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tessera_api::pod::{ELASTIC_GPU_CLAIM_PREFIX, TESSERA_CLAIM_PREFIX};
 
 use super::{EXTENDER, ManifestOptions, meta, rule, selector};
-use crate::admission::MUTATE_PODS_PATH;
+use tessera_api::pod::MUTATE_PODS_PATH;
 
 /// The webhook's Service (every replica serves it, leader or not).
 pub const WEBHOOK_SERVICE: &str = "tessera-extender-webhook";

@@ -1,6 +1,6 @@
-//! The install manifests, as typed Kubernetes objects rendered to YAML
-//! (`tessera-extender manifests`). `deploy/tessera.yaml` is the default rendering; a test fails
-//! when it drifts from this code.
+//! Tessera's install manifests for every component, as typed Kubernetes objects rendered to
+//! YAML (`tessera-manifests`). `deploy/tessera.yaml` and `deploy/scheduler-config.yaml`, next
+//! to this crate, are the default rendering; a test fails when they drift from this code.
 
 use std::collections::BTreeMap;
 
@@ -415,7 +415,10 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
         ..Default::default()
     });
     let mut leader = selector(EXTENDER);
-    leader.insert(crate::service::leader::ROLE_LABEL.to_string(), "leader".to_string());
+    leader.insert(
+        tessera_core::names::LABEL_EXTENDER_ROLE.to_string(),
+        "leader".to_string(),
+    );
     push(&Service {
         metadata: meta(EXTENDER, Some(ns)),
         spec: Some(ServiceSpec {
@@ -730,8 +733,8 @@ mod erased {
 /// Every object as one multi-document YAML stream.
 pub fn render(opts: &ManifestOptions) -> String {
     let mut s = String::from(
-        "# Tessera install manifests, rendered by `tessera-extender manifests`. Do not edit: change\n\
-         # the renderer (extender/src/manifests.rs) and re-render.\n\
+        "# Tessera install manifests, rendered by `tessera-manifests`. Do not edit: change the\n\
+         # renderer (deploy/src/lib.rs) and re-render.\n\
          # Before applying, create the hand-off key Secret (docs/operations.md).\n",
     );
     for o in objects(opts) {

@@ -1,9 +1,7 @@
 use super::*;
 
 fn deploy_file(name: &str) -> String {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy")
-        .join(name);
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
@@ -13,12 +11,12 @@ fn the_checked_in_manifests_are_the_default_rendering() {
     assert!(
         deploy_file("tessera.yaml") == rendered,
         "deploy/tessera.yaml drifted from the renderer; run\n  \
-         cargo run -p tessera-extender -- manifests --out deploy/tessera.yaml"
+         cargo run -p tessera-deploy -- --out deploy/tessera.yaml"
     );
     assert!(
         deploy_file("scheduler-config.yaml") == scheduler_config(&ManifestOptions::default()),
         "deploy/scheduler-config.yaml drifted; run\n  \
-         cargo run -p tessera-extender -- manifests --scheduler-config --out deploy/scheduler-config.yaml"
+         cargo run -p tessera-deploy -- --scheduler-config --out deploy/scheduler-config.yaml"
     );
 }
 
