@@ -2,6 +2,4 @@
 //! preempt) over `tessera_core`'s ledger and placement, fed by watches, with leader election,
 //! events and metrics; the ElasticGPU claims (admission webhook and controller) it runs.
 
-pub mod admission;
-pub mod claims;
 pub mod service;

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
+use tessera_claims::admission::certs::SelfManaged;
 use tessera_core::handoff::SigningKeys;
 use tessera_core::placement::EngineConfig;
 use tessera_core::policy::PolicyKind;
 use tessera_core::request::RequestOptions;
-use tessera_extender::admission::certs::SelfManaged;
 use tessera_extender::service::cluster::Cluster;
 use tessera_extender::service::leader::LeaseConfig;
 use tessera_extender::service::{self, ServiceConfig, WebhookConfig, WebhookTls};

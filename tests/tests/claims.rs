@@ -10,10 +10,10 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use tessera_api::egpu::GpuDevice;
+use tessera_claims::admission::certs::SelfManaged;
 use tessera_core::handoff::Allocation;
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
 use tessera_deploy::{ManifestOptions, objects};
-use tessera_extender::admission::certs::SelfManaged;
 use tessera_extender::service::{WebhookConfig, WebhookTls};
 use tessera_tests::apiserver::FakeApiServer;
 use tessera_tests::gpu_cluster::{

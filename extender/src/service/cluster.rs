@@ -23,7 +23,7 @@ use tracing::{debug, warn};
 
 use super::tenants::Tenants;
 use super::wire::{HostScore, MAX_PRIORITY, MetaVictims};
-use crate::claims::holds::{ClaimHolds, LedgerChange, booking_key, is_booking_key};
+use tessera_claims::holds::{ClaimHolds, LedgerChange, booking_key, is_booking_key};
 
 /// How many observed pods between refreshes of the target workload.
 const WORKLOAD_REFRESH: u64 = 64;
@@ -218,7 +218,9 @@ impl Cluster {
             not_ready: Mutex::new(BTreeMap::new()),
             nodes_synced: AtomicBool::new(false),
             pods_synced: AtomicBool::new(false),
-            claims: Mutex::new(ClaimHolds::with_tenants(tenants.clone())),
+            claims: Mutex::new(ClaimHolds::with_tenants(
+                tenants.clone() as Arc<dyn tessera_claims::holds::TenantOf>
+            )),
             elastic_gpus_synced: AtomicBool::new(true),
             tenants,
         }
@@ -760,5 +762,19 @@ mod tests {
         assert_eq!(scaled(&[2.5, 2.5]), [10, 10]);
         assert_eq!(scaled(&[1e12, 1e12 + 1.0, 1e12 + 2.0]), [0, 5, 10]);
         assert!(scaled(&[]).is_empty());
+    }
+}
+
+impl tessera_claims::SchedulerView for Cluster {
+    fn synced(&self) -> bool {
+        Cluster::synced(self)
+    }
+
+    fn keys(&self) -> &SigningKeys {
+        Cluster::keys(self)
+    }
+
+    fn claim_user(&self, key: &str) -> Option<(String, String)> {
+        Cluster::claim_user(self, key)
     }
 }

@@ -89,7 +89,7 @@ pub enum WebhookTls {
     /// PEM files (a mounted Secret kept by cert-manager or the like).
     Files(PathBuf, PathBuf),
     /// Kept by the extender in a Secret, with the webhook configuration's `caBundle`.
-    SelfManaged(crate::admission::certs::SelfManaged),
+    SelfManaged(tessera_claims::admission::certs::SelfManaged),
 }
 
 /// A running service: its address and background tasks (dropped = stopped).
@@ -150,9 +150,19 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
     );
     let (store, writer) = watch::pod_store();
     let (trigger, triggered) = tokio::sync::mpsc::unbounded_channel();
-    let claims = cfg
-        .claims
-        .then(|| crate::claims::watch(&client, cluster.clone(), trigger.clone()));
+    let claims = cfg.claims.then(|| {
+        // The ElasticGPUs book retained GPUs in the ledger: the service follows them and lends
+        // their store to the claims.
+        let (elastic_gpus, writer) = kube::runtime::reflector::store();
+        let (stores, mut tasks) = tessera_claims::watch(&client, elastic_gpus, trigger.clone());
+        tasks.push(tokio::spawn(watch::elastic_gpus(
+            client.clone(),
+            cluster.clone(),
+            writer,
+            trigger.clone(),
+        )));
+        (stores, tasks)
+    });
     // Namespaces' tenants first: a pod is booked under its tenant.
     cluster.tenants().track();
     let pods = watch::pods(
@@ -174,7 +184,7 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
     let mut webhook_server = None;
     if let Some((stores, watches)) = claims {
         tasks.extend(watches);
-        let reconciler = crate::claims::controller::Reconciler {
+        let reconciler = tessera_claims::controller::Reconciler {
             client: client.clone(),
             cluster: cluster.clone(),
             pods: store.clone(),
@@ -189,8 +199,8 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
                     (read(cert)?, read(key)?)
                 }
                 WebhookTls::SelfManaged(sm) => {
-                    let c = crate::admission::certs::ensure_secret(&client, sm).await?;
-                    tasks.push(tokio::spawn(crate::admission::certs::keep_ca_bundle(
+                    let c = tessera_claims::admission::certs::ensure_secret(&client, sm).await?;
+                    tasks.push(tokio::spawn(tessera_claims::admission::certs::keep_ca_bundle(
                         client.clone(),
                         sm.webhook_configuration.clone(),
                         c.ca.clone(),
@@ -199,7 +209,7 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
                 }
             };
             let acceptor = tls::acceptor_from_pem(&cert.0, &cert.1)?;
-            let webhook = Arc::new(crate::admission::Webhook {
+            let webhook = Arc::new(tessera_claims::admission::Webhook {
                 client: client.clone(),
                 stores,
                 pods: store.clone(),
@@ -211,7 +221,7 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
                 listener.local_addr()?,
                 listener,
                 acceptor,
-                crate::admission::router(webhook),
+                tessera_claims::admission::router(webhook),
             ));
         }
     }

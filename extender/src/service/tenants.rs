@@ -138,3 +138,9 @@ mod tests {
         assert_eq!(t.of("train"), Tenant::named("train"));
     }
 }
+
+impl tessera_claims::holds::TenantOf for Tenants {
+    fn tenant_of(&self, namespace: &str) -> Tenant {
+        self.of(namespace)
+    }
+}

@@ -13,6 +13,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tracing::warn;
 
+use tessera_api::egpu::ElasticGpu;
+use tessera_claims::egpu_claim_key;
 use tessera_core::request::is_tessera_pod;
 
 use super::cluster::Cluster;
@@ -75,11 +77,11 @@ pub async fn pods(
     client: Client,
     cluster: Arc<Cluster>,
     mut writer: reflector::store::Writer<Pod>,
-    claims: Option<crate::claims::Trigger>,
+    claims: Option<tessera_claims::Trigger>,
 ) {
     let trigger_claims = move |p: &Pod| {
         if let Some(t) = &claims {
-            for k in crate::claims::pod_claim_keys(p) {
+            for k in tessera_claims::pod_claim_keys(p) {
                 let _ = t.send(k);
             }
         }
@@ -168,4 +170,33 @@ mod tests {
         assert_eq!(s.allocatable, before.status.unwrap().allocatable);
         assert!(s.images.is_none());
     }
+}
+
+/// Watches ElasticGPUs into `writer`'s store (the claims read it) and books the retained ones'
+/// GPUs in the cluster's ledger; every change triggers the ElasticGPU's claim.
+pub async fn elastic_gpus(
+    client: Client,
+    cluster: Arc<Cluster>,
+    writer: reflector::store::Writer<ElasticGpu>,
+    trigger: tessera_claims::Trigger,
+) {
+    cluster.track_elastic_gpus();
+    let stream = watcher::watcher(Api::<ElasticGpu>::all(client), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer);
+    follow(
+        "elasticgpus",
+        stream,
+        |e: &ElasticGpu| e.metadata.name.clone(),
+        |e| {
+            cluster.elastic_gpu_applied(e);
+            let _ = trigger.send(egpu_claim_key(e));
+        },
+        |e| {
+            cluster.elastic_gpu_deleted(e.metadata.name.as_deref().unwrap_or_default());
+            let _ = trigger.send(egpu_claim_key(e));
+        },
+        |names| cluster.elastic_gpus_listed(names),
+    )
+    .await;
 }

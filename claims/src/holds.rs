@@ -6,12 +6,13 @@
 //! to the same bookings, so a restarted extender books every retained GPU exactly once.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tessera_api::class::ReclaimPolicy;
 use tessera_api::egpu::{ElasticGpu, ElasticGpuPhase};
 use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation};
 use tessera_core::ledger::{Booking, Hold};
-use tessera_core::placement::{CARD_MILLI, CardDemand, ContainerDemand, PodDemand};
+use tessera_core::placement::{CARD_MILLI, CardDemand, ContainerDemand, PodDemand, Tenant};
 use tessera_core::request::{ContainerRole, GpuDemand};
 use tracing::warn;
 
@@ -88,11 +89,27 @@ pub struct LedgerChange {
     pub book: Vec<(String, Booking)>,
 }
 
-/// The claims' GPUs and users.
+/// Which tenant each namespace's pods belong to (the scheduler's namespace watch knows).
+pub trait TenantOf: Send + Sync + std::fmt::Debug {
+    /// The tenant of `namespace`'s pods.
+    fn tenant_of(&self, namespace: &str) -> Tenant;
+}
+
+/// Every namespace a tenant of its own (no namespace grouped with another).
 #[derive(Debug, Default)]
+pub struct OwnNamespace;
+
+impl TenantOf for OwnNamespace {
+    fn tenant_of(&self, namespace: &str) -> Tenant {
+        Tenant::of_namespace(namespace, None)
+    }
+}
+
+/// The claims' GPUs and users.
+#[derive(Debug)]
 pub struct ClaimHolds {
     /// Each namespace's tenant (a retained share keeps its card to its claim's tenant).
-    tenants: std::sync::Arc<crate::service::tenants::Tenants>,
+    tenants: Arc<dyn TenantOf>,
     gpus: HashMap<ClaimKey, HeldGpu>,
     users: HashMap<ClaimKey, ClaimUser>,
     by_pod: HashMap<String, Vec<ClaimKey>>,
@@ -109,7 +126,7 @@ pub fn is_booking_key(key: &str) -> bool {
 }
 
 /// The one-container booking of a held GPU.
-fn held_booking(key: &ClaimKey, g: &HeldGpu, tenant: tessera_core::placement::Tenant) -> Booking {
+fn held_booking(key: &ClaimKey, g: &HeldGpu, tenant: Tenant) -> Booking {
     let container = format!("claim:{key}");
     let cards = match g.devices.first() {
         Some(AllocatedDevice::Mig { .. }) => CardDemand::Mig(
@@ -159,12 +176,21 @@ fn held_booking(key: &ClaimKey, g: &HeldGpu, tenant: tessera_core::placement::Te
     }
 }
 
+impl Default for ClaimHolds {
+    /// No claims yet; every namespace a tenant of its own.
+    fn default() -> Self {
+        Self::with_tenants(Arc::new(OwnNamespace))
+    }
+}
+
 impl ClaimHolds {
     /// No claims yet; tenants as `tenants` says.
-    pub fn with_tenants(tenants: std::sync::Arc<crate::service::tenants::Tenants>) -> Self {
+    pub fn with_tenants(tenants: Arc<dyn TenantOf>) -> Self {
         Self {
             tenants,
-            ..Default::default()
+            gpus: HashMap::new(),
+            users: HashMap::new(),
+            by_pod: HashMap::new(),
         }
     }
 
@@ -172,7 +198,7 @@ impl ClaimHolds {
     fn wanted(&self, key: &ClaimKey) -> Option<(String, Booking)> {
         let g = self.gpus.get(key)?;
         // The claim's namespace: a retained share keeps its card to that namespace's tenant.
-        let tenant = self.tenants.of(key.split_once('/').map_or("", |(ns, _)| ns));
+        let tenant = self.tenants.tenant_of(key.split_once('/').map_or("", |(ns, _)| ns));
         (g.retain && !self.users.contains_key(key)).then(|| (booking_key(&g.egpu), held_booking(key, g, tenant)))
     }
 

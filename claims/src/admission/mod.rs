@@ -29,8 +29,7 @@ use tessera_core::names::is_tessera_resource;
 use tessera_core::request::RequestOptions;
 use tracing::{info, warn};
 
-use crate::claims::ClaimStores;
-use crate::service::cluster::Cluster;
+use crate::{ClaimStores, SchedulerView};
 
 use tessera_api::pod::MUTATE_PODS_PATH;
 
@@ -43,7 +42,7 @@ pub struct Webhook {
     /// Tessera's pods (pending users of a claim).
     pub pods: Store<Pod>,
     /// Bound users of claims, and the cluster's request options.
-    pub cluster: Arc<Cluster>,
+    pub cluster: Arc<dyn SchedulerView>,
     /// The memory unit of `tessera.io/gpu-memory`.
     pub opts: RequestOptions,
 }

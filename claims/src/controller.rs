@@ -27,8 +27,7 @@ use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use super::ClaimStores;
-use crate::service::cluster::Cluster;
+use crate::{ClaimStores, SchedulerView};
 
 /// How often every claim is reconciled even without a change.
 pub const RESYNC: Duration = Duration::from_secs(300);
@@ -40,7 +39,7 @@ pub struct Reconciler {
     /// API client.
     pub client: Client,
     /// The cluster view (hand-off keys).
-    pub cluster: Arc<Cluster>,
+    pub cluster: Arc<dyn SchedulerView>,
     /// Tessera's pods.
     pub pods: Store<Pod>,
     /// Claims, classes, ElasticGPUs.

@@ -1,10 +1,11 @@
-//! ElasticGPU claims: the watches on Tessera's custom resources, the bookings of retained GPUs
-//! ([`holds`]) and the controller that records what each claim was given ([`controller`]).
+//! ElasticGPU claims: the watches on Tessera's claims and classes, the bookings of retained
+//! GPUs ([`holds`]), the controller that records what each claim was given ([`controller`]) and
+//! the admission webhook that names a claim's pod ([`admission`]). The scheduler service (the
+//! extender) runs them over its view of the cluster, which it lends through [`SchedulerView`].
 
+pub mod admission;
 pub mod controller;
 pub mod holds;
-
-use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, Store};
@@ -14,10 +15,20 @@ use tessera_api::claim::ElasticGpuClaim;
 use tessera_api::class::ElasticGpuClass;
 use tessera_api::egpu::ElasticGpu;
 use tessera_api::pod::{claim_refs, names_claims};
+use tessera_core::handoff::SigningKeys;
 use tokio::sync::mpsc;
 
-use crate::service::cluster::Cluster;
-use crate::service::watch::follow;
+/// What the claims read of the scheduler's view of the cluster (the extender's ledger, fed by
+/// its watches).
+pub trait SchedulerView: Send + Sync {
+    /// Whether nodes, pods and ElasticGPUs have been listed: before, no claim is decided.
+    fn synced(&self) -> bool;
+    /// The keys allocations are signed with (a pod's devices are read from its verified
+    /// allocation only).
+    fn keys(&self) -> &SigningKeys;
+    /// The pod using claim `key` (`namespace/name`), as (`namespace/name`, UID).
+    fn claim_user(&self, key: &str) -> Option<(String, String)>;
+}
 
 /// Claim keys (`namespace/name`) to reconcile.
 pub type Trigger = mpsc::UnboundedSender<String>;
@@ -44,22 +55,21 @@ pub fn pod_claim_keys(pod: &Pod) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn egpu_claim_key(e: &ElasticGpu) -> String {
+/// The claim an ElasticGPU is bound to, as a trigger key.
+pub fn egpu_claim_key(e: &ElasticGpu) -> String {
     format!("{}/{}", e.spec.claim_ref.namespace, e.spec.claim_ref.name)
 }
 
-/// Starts the watches of claims, classes and ElasticGPUs (the latter also booking retained GPUs
-/// in `cluster`); every change to a claim or an ElasticGPU triggers its claim.
+/// Starts the watches of claims and classes; every change to a claim triggers it. The
+/// ElasticGPUs are the scheduler's to watch (it books retained GPUs from them): their store is
+/// passed in.
 pub fn watch(
     client: &Client,
-    cluster: Arc<Cluster>,
+    elastic_gpus: Store<ElasticGpu>,
     trigger: Trigger,
 ) -> (ClaimStores, Vec<tokio::task::JoinHandle<()>>) {
-    cluster.track_elastic_gpus();
     let (claims, claims_writer) = reflector::store();
     let (classes, classes_writer) = reflector::store();
-    let (elastic_gpus, egpu_writer) = reflector::store();
-    let t = trigger.clone();
     let claim_task = tokio::spawn(futures_util::StreamExt::for_each(
         watcher::watcher(Api::<ElasticGpuClaim>::all(client.clone()), watcher::Config::default())
             .default_backoff()
@@ -67,7 +77,7 @@ pub fn watch(
             .touched_objects(),
         move |c| {
             if let Ok(c) = c {
-                let _ = t.send(c.key());
+                let _ = trigger.send(c.key());
             }
             std::future::ready(())
         },
@@ -78,34 +88,12 @@ pub fn watch(
             .reflect(classes_writer),
         |_| std::future::ready(()),
     ));
-    let egpu_stream = watcher::watcher(Api::<ElasticGpu>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(egpu_writer);
-    let (c1, c2, c3) = (cluster.clone(), cluster.clone(), cluster);
-    let (t1, t2) = (trigger.clone(), trigger);
-    let egpu_task = tokio::spawn(async move {
-        follow(
-            "elasticgpus",
-            egpu_stream,
-            |e: &ElasticGpu| e.metadata.name.clone(),
-            move |e| {
-                c1.elastic_gpu_applied(e);
-                let _ = t1.send(egpu_claim_key(e));
-            },
-            move |e| {
-                c2.elastic_gpu_deleted(e.metadata.name.as_deref().unwrap_or_default());
-                let _ = t2.send(egpu_claim_key(e));
-            },
-            move |names| c3.elastic_gpus_listed(names),
-        )
-        .await
-    });
     (
         ClaimStores {
             claims,
             classes,
             elastic_gpus,
         },
-        vec![claim_task, class_task, egpu_task],
+        vec![claim_task, class_task],
     )
 }
