@@ -194,7 +194,6 @@ mod tests {
         let inv = FixtureSource {
             fixture: "t4x2".into(),
             driver_root: Some(root.join("driver")),
-            discover_driver_under: None,
         }
         .discover()
         .unwrap();

@@ -3,7 +3,8 @@
 
 use std::fmt::Write as _;
 
-use tessera_core::driver::{Driver, DriverFileKind, RootChoice, VersionSource};
+use tessera_core::driver::DriverFileKind;
+use tessera_node::driver::{Driver, RootChoice, VersionSource};
 
 fn choice(d: &Driver) -> String {
     let tried = d

@@ -10,7 +10,8 @@ use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::topology_report;
 use tessera_cdi_generator::writer::{self, DEFAULT_CDI_DIR};
 use tessera_core::enforcement::{DEFAULT_HOOK_ROOT, DEFAULT_MPS_ROOT, HookLayout, MpsLayout, ShareEnforcement};
-use tessera_core::inventory::{FixtureSource, InventorySource, NvmlSource};
+use tessera_core::inventory::{FixtureSource, InventorySource};
+use tessera_node::inventory::{FixtureWithHostDriver, NvmlSource};
 
 /// Tessera's CDI spec generator.
 #[derive(Parser)]
@@ -110,12 +111,20 @@ impl EnforcementArgs {
 impl SourceArgs {
     fn source(&self) -> Box<dyn InventorySource + Send + Sync> {
         match &self.fixture {
-            Some(f) => Box::new(FixtureSource {
-                fixture: f.clone(),
-                driver_root: self.driver_root.clone(),
-                // A fixture's GPUs with the real driver files found under the given root.
-                discover_driver_under: self.driver_root.as_ref().map(|_| self.host_root.clone()),
-            }),
+            Some(f) => {
+                let fixture = FixtureSource {
+                    fixture: f.clone(),
+                    driver_root: self.driver_root.clone(),
+                };
+                match self.driver_root {
+                    // A fixture's GPUs with the real driver files found under the given root.
+                    Some(_) => Box::new(FixtureWithHostDriver {
+                        fixture,
+                        host_root: self.host_root.clone(),
+                    }),
+                    None => Box::new(fixture),
+                }
+            }
             None => Box::new(self.nvml()),
         }
     }

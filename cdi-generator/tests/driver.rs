@@ -9,8 +9,8 @@ use std::process::Command;
 use tessera_cdi_generator::daemon::{DaemonConfig, Generator};
 use tessera_cdi_generator::spec::{self, SpecError, SpecOptions};
 use tessera_cdi_generator::writer::SPEC_FILE;
-use tessera_core::driver::testing::{COMPUTE, install_bins, install_libs, ldconfig};
 use tessera_core::inventory::{FixtureSource, InventorySource, PublishedInventory};
+use tessera_node::driver::testing::{COMPUTE, install_bins, install_libs, ldconfig};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tessera-cdi-generator");
 const V: &str = "580.95.05";

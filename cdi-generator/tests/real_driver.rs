@@ -11,7 +11,8 @@ use std::path::Path;
 use std::process::Command;
 
 use tessera_cdi_generator::spec::{self, CdiSpec};
-use tessera_core::driver::{DriverFileKind, DriverSearch, discover};
+use tessera_core::driver::DriverFileKind;
+use tessera_node::driver::{DriverSearch, discover};
 use tessera_tests::nvidia::{Branch, Layout, Userspace};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tessera-cdi-generator");
@@ -72,7 +73,7 @@ fn every_real_driver_file_is_found_in_every_layout() {
                 }
                 // The loader's name is the one the library itself declares.
                 if f.kind == DriverFileKind::Library
-                    && f.loader_name() != tessera_core::driver::soname(&local).or(Some(f.name()))
+                    && f.loader_name() != tessera_node::driver::soname(&local).or(Some(f.name()))
                 {
                     failures.push(format!("{what}: {} loader name {:?}", f.name(), f.loader_name()));
                 }

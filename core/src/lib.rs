@@ -1,5 +1,8 @@
-//! Tessera's one shared model: what pods ask for ([`request`]), what nodes have
-//! ([`inventory`], [`driver`], [`topology`]), what the extender decided ([`handoff`]) and how it decides ([`placement`]).
+//! Tessera's model and its decisions: what pods ask for ([`request`]), what nodes have
+//! ([`inventory`], [`driver`], [`topology`]), how the extender decides ([`placement`],
+//! [`ledger`]) and what it decided ([`handoff`]), what a container is given ([`injection`],
+//! [`cdi`]) and how its share is held ([`enforcement`]). Nothing here talks to the driver or
+//! runs processes: reading a node is `tessera_node`'s, the I/O of the services their own.
 
 pub mod cdi;
 pub mod driver;
@@ -14,5 +17,4 @@ pub mod placement;
 pub mod policy;
 pub mod quantity;
 pub mod request;
-pub mod telemetry;
 pub mod topology;

@@ -85,7 +85,7 @@ impl HealthState {
 /// error at once when NVML cannot be loaded.
 pub fn watch_nvml(tx: tokio::sync::mpsc::UnboundedSender<HealthEvent>) -> anyhow::Result<std::thread::JoinHandle<()>> {
     let nvml = std::sync::Arc::new(nvml_wrapper::Nvml::init()?);
-    Ok(tessera_core::telemetry::xid::watch(nvml, move |event| match event {
+    Ok(tessera_node::telemetry::xid::watch(nvml, move |event| match event {
         Some((uuid, xid)) => tx.send(HealthEvent::Xid { uuid, xid }).is_ok(),
         None => !tx.is_closed(),
     })?)

@@ -2,9 +2,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use tessera_core::inventory::{FixtureSource, NvmlSource};
+use tessera_core::inventory::FixtureSource;
 use tessera_core::request::DEFAULT_MEMORY_UNIT_MIB;
 use tessera_device_plugin::manager::{self, Config, DEFAULT_PLUGIN_DIR, Source};
+use tessera_node::inventory::NvmlSource;
 
 /// Tessera's kubelet device plugin.
 #[derive(Parser)]

@@ -136,7 +136,7 @@ fn substitute(p: *mut c_void) -> *mut c_void {
 /// `dlsym(RTLD_NEXT)` wrapper) would get its own symbol back and loop. So the exported entry
 /// is a bare jump: `RTLD_NEXT` lookups go to glibc's `dlsym` with the caller's return address
 /// untouched (only the real `dlsym`'s address is fetched first, with the arguments saved);
-/// every other lookup goes to [`dlsym_hooked`].
+/// every other lookup goes to `dlsym_hooked`.
 ///
 /// # Safety
 /// As `dlsym(3)`.

@@ -19,9 +19,10 @@ use tessera_core::enforcement::{
     ShareEnforcement,
 };
 use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
-use tessera_core::inventory::{FixtureSource, InventorySource, NodeInventory, create_device_nodes};
+use tessera_core::inventory::{FixtureSource, InventorySource, NodeInventory};
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
 use tessera_core::request::ContainerRole;
+use tessera_node::inventory::create_device_nodes;
 use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
 use tessera_nri_plugin::session::{self, Identity};
 use tessera_tests::containerd::{ContainerSpec, Containerd, Pod, Version};
@@ -34,7 +35,6 @@ fn node(root: &Path) -> anyhow::Result<NodeInventory> {
     let inv = FixtureSource {
         fixture: "t4x2".into(),
         driver_root: Some(root.join("driver")),
-        discover_driver_under: None,
     }
     .discover()?;
     let b = common::built();

@@ -26,7 +26,7 @@ pub struct MpsBinaries {
 impl MpsBinaries {
     /// Finds the MPS programs among the driver's files (the same search the CDI generator
     /// makes), under `host_root`.
-    pub fn from_driver(driver: &tessera_core::driver::Driver, host_root: &Path) -> Result<Self, String> {
+    pub fn from_driver(driver: &tessera_node::driver::Driver, host_root: &Path) -> Result<Self, String> {
         use tessera_core::driver::DriverFileKind;
         let local = |f: &tessera_core::driver::DriverFile| {
             let h = driver.host_path(f);

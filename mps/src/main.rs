@@ -5,9 +5,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tessera_core::enforcement::{DEFAULT_MPS_ROOT, MpsLayout};
-use tessera_core::inventory::{FixtureSource, InventorySource, NvmlSource};
+use tessera_core::inventory::{FixtureSource, InventorySource};
 use tessera_mps::control::MpsBinaries;
 use tessera_mps::supervisor::{Backoff, DEFAULT_SHM_MIB, Supervisor, SupervisorConfig};
+use tessera_node::inventory::NvmlSource;
 use tracing::{info, warn};
 
 /// Tessera's MPS supervisor: one NVIDIA MPS control daemon per card that can host shares.

@@ -398,7 +398,7 @@ fn check_cdi(dirs: &[PathBuf], host_root: &Path) -> Finding {
 }
 
 fn check_driver(opts: &CheckOptions) -> Finding {
-    use tessera_core::driver::{self, DriverSearch};
+    use tessera_node::driver::{self, DriverSearch};
     let what = "NVIDIA driver";
     let ctl = opts.dev_root.join("dev/nvidiactl");
     if !ctl.exists() {

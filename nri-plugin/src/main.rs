@@ -177,11 +177,11 @@ fn plugin(args: &RunArgs) -> anyhow::Result<Arc<TesseraPlugin>> {
 
 /// The metrics' sources: the telemetry fixture, else NVML (without it, allocations only).
 fn node_metrics(args: &RunArgs) -> tessera_nri_plugin::metrics::NodeMetrics {
-    use tessera_core::telemetry::{FixtureTelemetry, NvmlTelemetry, TelemetrySource};
+    use tessera_node::telemetry::{FixtureTelemetry, NvmlTelemetry, TelemetrySource};
     let telemetry: Option<Box<dyn TelemetrySource>> = match &args.telemetry_fixture {
         Some(path) => Some(Box::new(FixtureTelemetry { path: path.clone() })),
         None => {
-            let source = tessera_core::inventory::NvmlSource {
+            let source = tessera_node::inventory::NvmlSource {
                 host_root: args.host_root.clone(),
                 ..Default::default()
             };

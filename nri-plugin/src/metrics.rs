@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 use tessera_core::enforcement::{MpsLayout, ShareEnforcement};
 use tessera_core::handoff::AllocatedDevice;
-use tessera_core::telemetry::{GpuSample, TelemetrySource, container_of_pid};
+use tessera_node::telemetry::{GpuSample, TelemetrySource, container_of_pid};
 
 use crate::plugin::{TesseraPlugin, Tracked};
 

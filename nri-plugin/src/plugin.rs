@@ -623,7 +623,6 @@ mod tests {
         let inv = FixtureSource {
             fixture: "h100x8".into(),
             driver_root: None,
-            discover_driver_under: None,
         }
         .discover()
         .unwrap();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tessera_core::enforcement::{HookLayout, MpsLayout, ShareEnforcement};
 use tessera_core::handoff::{AllocatedDevice, SigningKeys};
-use tessera_core::telemetry::FixtureTelemetry;
+use tessera_node::telemetry::FixtureTelemetry;
 use tessera_nri_plugin::metrics::{NodeMetrics, serve};
 use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin, Tracked};
 

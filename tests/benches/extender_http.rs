@@ -51,7 +51,6 @@ fn fill(api: &FakeApiServer, rng: &mut Rng) -> anyhow::Result<()> {
     let inv = FixtureSource {
         fixture: "h100x8".into(),
         driver_root: None,
-        discover_driver_under: None,
     }
     .discover()?;
     let keys = keys();

@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use tessera_core::inventory::{FixtureSource, InventorySource, NodeInventory, create_device_nodes};
+use tessera_core::inventory::{FixtureSource, InventorySource, NodeInventory};
+use tessera_node::inventory::create_device_nodes;
 
 /// Where [`fake_node`] puts things.
 pub struct FakeNodePaths {
@@ -30,7 +31,6 @@ pub fn fake_node(fixture: &str, root: &Path) -> anyhow::Result<NodeInventory> {
     let inv = FixtureSource {
         fixture: fixture.into(),
         driver_root: Some(paths.driver_root),
-        discover_driver_under: None,
     }
     .discover()?;
     for f in &inv.driver_files {

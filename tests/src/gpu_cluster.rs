@@ -35,7 +35,6 @@ pub fn gpu_node(name: &str, fixture: &str) -> Node {
         let inv = FixtureSource {
             fixture: fixture.into(),
             driver_root: None,
-            discover_driver_under: None,
         }
         .discover()
         .expect("built-in fixture");

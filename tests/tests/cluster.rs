@@ -97,8 +97,9 @@ mod tessera {
 
     use anyhow::Context as _;
     use serde_json::Value;
-    use tessera_core::inventory::{FixtureSource, InventorySource, create_device_nodes};
+    use tessera_core::inventory::{FixtureSource, InventorySource};
     use tessera_deploy::{self as manifests, ManifestOptions};
+    use tessera_node::inventory::create_device_nodes;
     use tessera_tests::cluster::{Cluster, NODE};
     use tessera_tests::nvidia::{Branch, Layout, Userspace};
 

@@ -510,7 +510,6 @@ fn bound_share(name: &str, node: &str, card: usize, core: u32) -> k8s_openapi::a
     let inv = FixtureSource {
         fixture: "t4x2".into(),
         driver_root: None,
-        discover_driver_under: None,
     }
     .discover()
     .unwrap();

@@ -11,7 +11,8 @@ use std::process::Command;
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
 use tessera_core::enforcement::ShareEnforcement;
-use tessera_core::inventory::{FixtureSource, InventorySource, create_device_nodes};
+use tessera_core::inventory::{FixtureSource, InventorySource};
+use tessera_node::inventory::{FixtureWithHostDriver, create_device_nodes};
 use tessera_tests::containerd::{ContainerSpec, Containerd, Version};
 use tessera_tests::nvidia::{Branch, Layout, Userspace};
 
@@ -52,10 +53,12 @@ async fn real_driver_on(version: Version) -> anyhow::Result<()> {
         let host = u.root(b, layout);
         // The driver root as a path on this machine: the spec names real host paths.
         let driver_root = host.join(layout.driver_root().trim_start_matches('/'));
-        let inv = FixtureSource {
-            fixture: "t4x2".into(),
-            driver_root: Some(driver_root),
-            discover_driver_under: Some("/".into()),
+        let inv = FixtureWithHostDriver {
+            fixture: FixtureSource {
+                fixture: "t4x2".into(),
+                driver_root: Some(driver_root),
+            },
+            host_root: "/".into(),
         }
         .discover()?;
         inv.driver_check().map_err(anyhow::Error::msg)?;

@@ -7,7 +7,7 @@
 //! another pod that has not finished; or when a container names a claim and also asks for
 //! `tessera.io/*` resources itself. Pods that name no claim pass unchanged.
 //!
-//! Served over HTTPS on its own listener by every replica ([`serve`]); [`certs`] keeps its
+//! Served over HTTPS on its own listener by every replica ([`router`]); [`certs`] keeps its
 //! certificate and the webhook configuration's `caBundle`.
 
 pub mod certs;

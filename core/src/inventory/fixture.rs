@@ -146,7 +146,7 @@ fn char_dev(path: impl Into<PathBuf>, major: u32, minor: u32) -> DeviceNode {
 }
 
 /// Path of MIG capability device `minor`.
-pub(crate) fn cap_path(minor: u32) -> PathBuf {
+pub fn cap_path(minor: u32) -> PathBuf {
     PathBuf::from(format!("/dev/nvidia-caps/nvidia-cap{minor}"))
 }
 
@@ -276,10 +276,6 @@ pub struct FixtureSource {
     pub fixture: PathBuf,
     /// Overrides the fixture's driver root.
     pub driver_root: Option<PathBuf>,
-    /// When set, the driver's files are the ones found under `driver_root` (read below this
-    /// host root), as on a real node, instead of the fixture's list: a fixture's GPUs with the
-    /// machine's real driver.
-    pub discover_driver_under: Option<PathBuf>,
 }
 
 impl FixtureSource {
@@ -288,7 +284,6 @@ impl FixtureSource {
         Self {
             fixture: fixture.into(),
             driver_root: None,
-            discover_driver_under: None,
         }
     }
 
@@ -310,20 +305,6 @@ impl FixtureSource {
 
 impl InventorySource for FixtureSource {
     fn discover(&self) -> Result<NodeInventory, InventoryError> {
-        let mut inv = self.load()?.to_inventory(&self.fixture, self.driver_root.as_deref())?;
-        if let Some(host_root) = &self.discover_driver_under {
-            let driver = crate::driver::discover(&crate::driver::DriverSearch {
-                host_root: host_root.clone(),
-                driver_root: self.driver_root.clone(),
-                ..Default::default()
-            });
-            inv.driver_error = driver.check().err().map(|e| e.to_string());
-            if let Some(v) = driver.version {
-                inv.driver_version = v;
-            }
-            inv.driver_root = driver.root;
-            inv.driver_files = driver.files;
-        }
-        Ok(inv)
+        self.load()?.to_inventory(&self.fixture, self.driver_root.as_deref())
     }
 }

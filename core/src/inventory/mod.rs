@@ -1,15 +1,13 @@
 //! The node's GPU inventory: cards, MIG devices, device nodes and driver files.
 //!
-//! Two sources sit behind [`InventorySource`]: [`NvmlSource`] (real hardware) and
-//! [`FixtureSource`] (a YAML file describing a fake node, for tests and machines without a GPU).
+//! Two sources sit behind [`InventorySource`]: `tessera_node`'s NVML source (real hardware)
+//! and [`FixtureSource`] (a YAML file describing a fake node, for tests and machines without a
+//! GPU).
 
 mod annotation;
-mod devnodes;
 mod error;
 mod fixture;
 mod mig_minors;
-mod nvml;
-mod nvml_topology;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -21,11 +19,9 @@ use crate::topology::GpuTopology;
 
 pub use crate::driver::{DriverFile, DriverFileKind, FoundBy};
 pub use annotation::{INVENTORY_VERSION, PublishedInventory};
-pub use devnodes::create_device_nodes;
 pub use error::InventoryError;
-pub use fixture::{BUILTIN_FIXTURES, Fixture, FixtureSource, HealthEvent};
-pub use mig_minors::MigMinors;
-pub use nvml::NvmlSource;
+pub use fixture::{BUILTIN_FIXTURES, Fixture, FixtureSource, HealthEvent, cap_path};
+pub use mig_minors::{MIG_MINORS_PATH, MigMinors};
 
 /// Anything that can tell what GPUs a node has.
 pub trait InventorySource {

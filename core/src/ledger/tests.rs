@@ -7,7 +7,6 @@ fn capacity(fixture: &str) -> NodeCapacity {
     let inv = FixtureSource {
         fixture: fixture.into(),
         driver_root: None,
-        discover_driver_under: None,
     }
     .discover()
     .unwrap();

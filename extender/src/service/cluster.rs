@@ -745,6 +745,20 @@ pub fn scale_scores<'a>(fits: &[(&'a str, f64)]) -> Vec<HostScore<'a>> {
         .collect()
 }
 
+impl tessera_claims::SchedulerView for Cluster {
+    fn synced(&self) -> bool {
+        Cluster::synced(self)
+    }
+
+    fn keys(&self) -> &SigningKeys {
+        Cluster::keys(self)
+    }
+
+    fn claim_user(&self, key: &str) -> Option<(String, String)> {
+        Cluster::claim_user(self, key)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -762,19 +776,5 @@ mod tests {
         assert_eq!(scaled(&[2.5, 2.5]), [10, 10]);
         assert_eq!(scaled(&[1e12, 1e12 + 1.0, 1e12 + 2.0]), [0, 5, 10]);
         assert!(scaled(&[]).is_empty());
-    }
-}
-
-impl tessera_claims::SchedulerView for Cluster {
-    fn synced(&self) -> bool {
-        Cluster::synced(self)
-    }
-
-    fn keys(&self) -> &SigningKeys {
-        Cluster::keys(self)
-    }
-
-    fn claim_user(&self, key: &str) -> Option<(String, String)> {
-        Cluster::claim_user(self, key)
     }
 }

@@ -106,6 +106,12 @@ pub async fn watch(client: Client, tenants: Arc<Tenants>) {
     .await;
 }
 
+impl tessera_claims::holds::TenantOf for Tenants {
+    fn tenant_of(&self, namespace: &str) -> Tenant {
+        self.of(namespace)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,11 +142,5 @@ mod tests {
         // A re-list without `train` (its label went while the watch was down).
         t.listed(&HashSet::new());
         assert_eq!(t.of("train"), Tenant::named("train"));
-    }
-}
-
-impl tessera_claims::holds::TenantOf for Tenants {
-    fn tenant_of(&self, namespace: &str) -> Tenant {
-        self.of(namespace)
     }
 }

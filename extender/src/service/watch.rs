@@ -148,30 +148,6 @@ pub fn pod_store() -> (Store<Pod>, reflector::store::Writer<Pod>) {
     reflector::store()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slimming_keeps_what_the_extender_reads_of_a_node() {
-        let mut n: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n", "annotations": {"tessera.io/inventory": "{}"}},
-            "spec": {"unschedulable": true},
-            "status": {"allocatable": {"cpu": "8"}, "images": [{"names": ["a"], "sizeBytes": 1}]}
-        }))
-        .unwrap();
-        let before = n.clone();
-        slim_node(&mut n);
-        assert_eq!(
-            (&n.metadata.annotations, &n.spec),
-            (&before.metadata.annotations, &before.spec)
-        );
-        let s = n.status.unwrap();
-        assert_eq!(s.allocatable, before.status.unwrap().allocatable);
-        assert!(s.images.is_none());
-    }
-}
-
 /// Watches ElasticGPUs into `writer`'s store (the claims read it) and books the retained ones'
 /// GPUs in the cluster's ledger; every change triggers the ElasticGPU's claim.
 pub async fn elastic_gpus(
@@ -199,4 +175,28 @@ pub async fn elastic_gpus(
         |names| cluster.elastic_gpus_listed(names),
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slimming_keeps_what_the_extender_reads_of_a_node() {
+        let mut n: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n", "annotations": {"tessera.io/inventory": "{}"}},
+            "spec": {"unschedulable": true},
+            "status": {"allocatable": {"cpu": "8"}, "images": [{"names": ["a"], "sizeBytes": 1}]}
+        }))
+        .unwrap();
+        let before = n.clone();
+        slim_node(&mut n);
+        assert_eq!(
+            (&n.metadata.annotations, &n.spec),
+            (&before.metadata.annotations, &before.spec)
+        );
+        let s = n.status.unwrap();
+        assert_eq!(s.allocatable, before.status.unwrap().allocatable);
+        assert!(s.images.is_none());
+    }
 }

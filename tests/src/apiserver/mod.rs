@@ -4,7 +4,7 @@
 //! Nodes, Pods, core/v1 Events (list, watch, create), Secrets, coordination.k8s.io Leases,
 //! MutatingWebhookConfigurations and Tessera's custom resources (with their status
 //! subresource). Pods created over HTTP go through the stored mutating webhooks first
-//! ([`admission`]). Objects are stored as JSON and typed at the test-facing edge with
+//! (its `admission` module). Objects are stored as JSON and typed at the test-facing edge with
 //! k8s-openapi, so kube-rs clients run against it unchanged.
 //!
 //! ```no_run

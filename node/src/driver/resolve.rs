@@ -54,7 +54,8 @@ fn push_front(todo: &mut VecDeque<OsString>, p: &Path) {
     }
 }
 
-/// Like [`resolve_components`], and the result must be a regular file.
+/// `path` resolved inside `root` (links followed without leaving it), when it is a regular
+/// file.
 pub fn resolve_in_root(root: &Path, path: &Path) -> Option<PathBuf> {
     let p = resolve_components(root, path)?;
     std::fs::metadata(root.join(p.strip_prefix("/").unwrap_or(&p)))

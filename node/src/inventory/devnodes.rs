@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use nix::sys::stat::{Mode, SFlag, makedev, mknod};
 
-use super::{InventoryError, NodeInventory};
+use tessera_core::inventory::{InventoryError, NodeInventory};
 
 /// Creates every device node of `inventory` under `root` (e.g. `root/dev/nvidia0`), replacing
 /// what is there, and returns their paths. Needs `CAP_MKNOD` (root).
@@ -37,4 +37,26 @@ pub fn create_device_nodes(inventory: &NodeInventory, root: &Path) -> Result<Vec
         created.push(path);
     }
     Ok(created)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+    use tessera_core::inventory::{FixtureSource, InventorySource as _};
+
+    use super::*;
+
+    #[test]
+    fn creates_real_character_devices() {
+        let inv = FixtureSource::new("a100-mig").discover().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let created = create_device_nodes(&inv, root.path()).expect("mknod needs root, as in CI");
+        assert_eq!(created.len(), inv.all_device_nodes().len());
+        let meta = std::fs::metadata(root.path().join("dev/nvidia-caps/nvidia-cap22")).unwrap();
+        assert!(meta.file_type().is_char_device());
+        assert_eq!((libc::major(meta.rdev()), libc::minor(meta.rdev())), (509, 22));
+        // Idempotent: a second run replaces the nodes.
+        create_device_nodes(&inv, root.path()).unwrap();
+    }
 }

@@ -8,11 +8,13 @@ use std::path::{Path, PathBuf};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
-use super::fixture::cap_path;
-use super::mig_minors::MIG_MINORS_PATH;
-use super::{DeviceNode, Gpu, Health, InventoryError, InventorySource, MigDevice, MigMinors, NodeInventory};
+use tessera_core::inventory::{
+    DeviceNode, Gpu, Health, InventoryError, InventorySource, MIG_MINORS_PATH, MigDevice, MigMinors, NodeInventory,
+    cap_path,
+};
+use tessera_core::mig::MigProfile;
+
 use crate::driver::{self, Driver, DriverSearch};
-use crate::mig::MigProfile;
 
 /// Control device nodes, when present.
 const CONTROL_DEVICES: &[&str] = &["nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools"];
@@ -223,7 +225,7 @@ impl NvmlSource {
             let profile: MigProfile =
                 profile_name
                     .parse()
-                    .map_err(|e: crate::mig::BadMigProfile| InventoryError::Nvml {
+                    .map_err(|e: tessera_core::mig::BadMigProfile| InventoryError::Nvml {
                         call: "nvmlDeviceGetAttributes".into(),
                         reason: e.to_string(),
                     })?;

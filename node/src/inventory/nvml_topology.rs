@@ -5,7 +5,7 @@
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::TopologyLevel;
 
-use crate::topology::{GpuTopology, Link};
+use tessera_core::topology::{GpuTopology, Link};
 
 /// NVML's `NVML_NVLINK_MAX_LINKS`.
 const MAX_NVLINKS: u32 = 18;
