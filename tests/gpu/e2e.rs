@@ -278,15 +278,19 @@ async fn scrape() -> anyhow::Result<String> {
         .unwrap_or(reply))
 }
 
-/// Scrapes until `stop`, keeping the scrape with the most per-container use series.
+/// Scrapes until `stop`, keeping the scrape with the most per-container use series, then the
+/// most allocation series (dry there are no use series: the last scrape, after the container
+/// ended, would have neither).
 fn scrape_while_running(stop: tokio::sync::oneshot::Receiver<()>) -> tokio::task::JoinHandle<String> {
     tokio::spawn(async move {
         let mut stop = stop;
         let mut best = String::new();
         let count = |t: &str| {
-            t.lines()
-                .filter(|l| l.starts_with("tessera_container_gpu_memory_used_bytes{"))
-                .count()
+            let series = |prefix: &str| t.lines().filter(|l| l.starts_with(prefix)).count();
+            (
+                series("tessera_container_gpu_memory_used_bytes{"),
+                series("tessera_container_gpu_allocated_core_ratio{"),
+            )
         };
         loop {
             if let Ok(text) = scrape().await
@@ -349,8 +353,10 @@ fn start_supervisor(a: &Args, mps: &MpsLayout, log: &Path) -> anyhow::Result<Chi
     let mut cmd = Command::new(a.bin_dir.join("tessera-mps-supervisor"));
     cmd.arg("run").arg("--mps-root").arg(&mps.root);
     if let Some(fake) = &a.fake_mps_control {
-        cmd.args(["--fixture", "h100x8", "--check-secs", "1", "--control-binary"])
-            .arg(fake);
+        // The default health-check interval: the fake daemon's clients are Python processes,
+        // and eight cards checked every second keep two cores busy enough that a share's
+        // ceiling misses the NRI plugin's wait (seen: 3.9 s from ceiling to held).
+        cmd.args(["--fixture", "h100x8", "--control-binary"]).arg(fake);
     }
     spawn_logged(&mut cmd, log).context("starting tessera-mps-supervisor")
 }
