@@ -17,4 +17,5 @@ pub mod placement;
 pub mod policy;
 pub mod quantity;
 pub mod request;
+pub mod taints;
 pub mod topology;

@@ -24,6 +24,9 @@ pub const LABEL_CROSS_TENANT_SHARING: &str = "tessera.io/cross-tenant-sharing";
 /// Namespace label, set by the operator: the tenant its pods belong to (namespaces with the
 /// same value are one tenant); without it a namespace is a tenant of its own.
 pub const LABEL_TENANT: &str = "tessera.io/tenant";
+/// The scheduler name pods use to be placed by Tessera (the second scheduler's profile); the
+/// extender binds no other pod.
+pub const SCHEDULER_NAME: &str = "tessera";
 /// Pod label an extender replica sets on its own pod: `leader` or `follower`, so that the
 /// webhook Service selects the leader.
 pub const LABEL_EXTENDER_ROLE: &str = "tessera.io/extender-role";

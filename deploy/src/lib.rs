@@ -61,8 +61,7 @@ impl Default for ManifestOptions {
     }
 }
 
-/// The scheduler name pods use to be placed by Tessera.
-pub const SCHEDULER_NAME: &str = "tessera";
+pub use tessera_core::names::SCHEDULER_NAME;
 /// The Secret holding the hand-off signing keys.
 pub const KEYS_SECRET: &str = "tessera-handoff-keys";
 const EXTENDER: &str = "tessera-extender";

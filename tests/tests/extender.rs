@@ -1132,3 +1132,61 @@ async fn binds_are_told_in_pod_events() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// The bind verb is no back door onto nodes: a pod of another scheduler is not bound through
+/// it (the default scheduler never asked), nor a Tessera pod onto a node whose taints it does
+/// not tolerate (a control-plane node); tolerating them, it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bind_refuses_other_schedulers_pods_and_untolerated_taints() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{Taint, Toleration};
+    let api = FakeApiServer::start().await?;
+    api.create_node(&gpu_node("t1", "t4x2"))?;
+    let mut cp = plain_node("cp");
+    cp.spec.get_or_insert_default().taints = Some(vec![Taint {
+        key: "node-role.kubernetes.io/control-plane".into(),
+        effect: "NoSchedule".into(),
+        ..Default::default()
+    }]);
+    api.create_node(&cp)?;
+    let mut r = start_replica(&api, ReplicaOptions::default()).await?;
+    let bound = |name: &str| api.pod("default", name).and_then(|p| p.spec?.node_name);
+
+    let mut foreign = pod("foreign", &[("main", &[("cpu", "1")])]);
+    foreign.spec.as_mut().unwrap().scheduler_name = None;
+    let foreign = api.create_pod(&foreign)?;
+    let err = bind(&mut r.http, &foreign, "t1").await?;
+    assert!(
+        err.contains("schedulerName is \"default-scheduler\", not \"tessera\""),
+        "{err}"
+    );
+    let mut other = share_pod("other", 30, 4);
+    other.spec.as_mut().unwrap().scheduler_name = Some("volcano".into());
+    let other = api.create_pod(&other)?;
+    assert!(bind(&mut r.http, &other, "t1").await?.contains("\"volcano\""));
+    assert_eq!((bound("foreign"), bound("other")), (None, None));
+
+    let web = api.create_pod(&pod("web", &[("main", &[("cpu", "1")])]))?;
+    let err = bind(&mut r.http, &web, "cp").await?;
+    assert!(
+        err.contains("does not tolerate node \"cp\"'s taint node-role.kubernetes.io/control-plane=:NoSchedule"),
+        "{err}"
+    );
+    assert_eq!(bound("web"), None);
+    assert!(
+        bind(&mut r.http, &web, "nowhere")
+            .await?
+            .contains("node \"nowhere\" not found")
+    );
+
+    let mut admin = pod("admin", &[("main", &[("cpu", "1")])]);
+    admin.spec.as_mut().unwrap().tolerations = Some(vec![Toleration {
+        key: Some("node-role.kubernetes.io/control-plane".into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Default::default()
+    }]);
+    let admin = api.create_pod(&admin)?;
+    assert_eq!(bind(&mut r.http, &admin, "cp").await?, "");
+    assert_eq!(bound("admin").as_deref(), Some("cp"));
+    Ok(())
+}

@@ -2,11 +2,11 @@
 //! then create the Binding. Any failure releases the reservation; a retry of the same pod gets
 //! the same answer.
 
-use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
 use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
-use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
+use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, SCHEDULER_NAME};
 use thiserror::Error;
 use tracing::{info, warn};
 
@@ -46,6 +46,20 @@ pub enum BindError {
     /// The pod is already bound elsewhere.
     #[error("pod is already bound to node {0:?}")]
     BoundElsewhere(String),
+    /// The pod is another scheduler's: the extender binds only pods that name Tessera's.
+    #[error("pod's schedulerName is {0:?}, not {SCHEDULER_NAME:?}: Tessera binds only its own pods")]
+    ForeignScheduler(String),
+    /// The node does not exist.
+    #[error("node {0:?} not found")]
+    NodeNotFound(String),
+    /// The pod does not tolerate one of the node's taints.
+    #[error("pod does not tolerate node {node:?}'s taint {taint}")]
+    Untolerated {
+        /// The node.
+        node: String,
+        /// The taint, as `key=value:effect`.
+        taint: String,
+    },
     /// The pod's request is invalid.
     #[error("invalid request: {0}")]
     Request(#[from] super::cluster::AskError),
@@ -107,6 +121,31 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
         Some(n) => return Err(BindError::BoundElsewhere(n.to_string())),
         None => {}
     }
+    // Only the scheduler that placed the pod may bind it, and only where it may run: a caller
+    // of the verb (which the default scheduler's filters never saw) gets nothing more.
+    let scheduler = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.scheduler_name.as_deref())
+        .unwrap_or("default-scheduler");
+    if scheduler != SCHEDULER_NAME {
+        return Err(BindError::ForeignScheduler(scheduler.to_string()));
+    }
+    let node = Api::<Node>::all(svc.client.clone())
+        .get_opt(&args.node)
+        .await
+        .map_err(api_err("reading the node"))?
+        .ok_or_else(|| BindError::NodeNotFound(args.node.clone()))?;
+    let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+    let tolerations = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
+    let untolerated = tessera_core::taints::untolerated(&taints, &tolerations).map(|t| BindError::Untolerated {
+        node: args.node.clone(),
+        taint: format!("{}={}:{}", t.key, t.value.as_deref().unwrap_or(""), t.effect),
+    });
     let who = PodRef {
         namespace: args.pod_namespace.clone(),
         name: args.pod_name.clone(),
@@ -116,6 +155,9 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
         svc.events.bind_failed(&svc.client, &who, &args.node, &e.to_string());
         e
     };
+    if let Some(e) = untolerated {
+        return Err(failed(e));
+    }
     let ask = svc.cluster.ask(&pod).map_err(|e| failed(e.into()))?;
     let allocation = svc
         .cluster

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, Pod, PodSecurityContext, PodSpec, PodStatus, ResourceRequirements, SecurityContext,
+    Container, Pod, PodSecurityContext, PodSpec, PodStatus, ResourceRequirements, SecurityContext, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -56,6 +56,9 @@ fn meta<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> 
 #[serde(rename_all = "camelCase")]
 struct SpecView {
     node_name: Option<String>,
+    // Bind checks both: only Tessera's pods, only where they may run.
+    scheduler_name: Option<String>,
+    tolerations: Option<Vec<Toleration>>,
     #[serde(default)]
     containers: Vec<ContainerView>,
     init_containers: Option<Vec<ContainerView>>,
@@ -119,6 +122,8 @@ impl From<PodView> for Pod {
             metadata: p.metadata,
             spec: p.spec.map(|s| PodSpec {
                 node_name: s.node_name,
+                scheduler_name: s.scheduler_name,
+                tolerations: s.tolerations,
                 containers: s.containers.into_iter().map(Container::from).collect(),
                 init_containers: s.init_containers.map(|v| v.into_iter().map(Container::from).collect()),
                 overhead: s.overhead,
