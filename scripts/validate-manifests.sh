@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Validates the install manifests offline against the Kubernetes OpenAPI schemas of 1.29..1.34
+# Validates the install manifests offline against the Kubernetes OpenAPI schemas of 1.30..1.36
 # (strict: unknown fields are errors), with the PyPI package kubernetes-validate in a private
 # virtualenv under .cache/. Checks the checked-in rendering and a non-default one, and the
 # example custom resources against the rendered CRDs.
@@ -26,7 +26,7 @@ cargo run -q --locked -p tessera-deploy -- \
 # The claim examples: custom resources against the CRDs, their pods with the rest.
 "$VENV/bin/python" scripts/validate-custom-resources.py deploy/tessera.yaml "$out/claims-builtin.yaml" \
     deploy/examples/claims/*.yaml
-for v in 1.29.0 1.30.0 1.31.0 1.32.0 1.33.0 1.34.0; do
+for v in 1.30.0 1.31.0 1.32.0 1.33.0 1.34.0 1.35.0 1.36.0; do
     "$VENV/bin/kubernetes-validate" --strict --quiet -k "$v" deploy/tessera.yaml "$out/custom.yaml" deploy/examples/*.yaml \
         "$out/claims-builtin.yaml"
     echo "manifests valid for Kubernetes $v"

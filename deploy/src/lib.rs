@@ -289,6 +289,10 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
         ..Default::default()
     });
     push(&cluster_binding(EXTENDER, EXTENDER, EXTENDER, ns));
+    // Only the extender writes the signed allocation.
+    let (policy, binding) = guards::allocation_guard(opts);
+    push(&policy);
+    push(&binding);
     push(&Role {
         metadata: meta(&format!("{EXTENDER}-lease"), Some(ns)),
         rules: Some(
@@ -748,5 +752,6 @@ fn to_yaml<T: Serialize>(v: &T) -> String {
 }
 
 pub mod claims;
+pub mod guards;
 #[cfg(test)]
 mod tests;

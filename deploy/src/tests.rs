@@ -33,6 +33,8 @@ fn objects_are_complete_and_namespaced() {
         "ClusterRoleBinding",
         "CustomResourceDefinition",
         "MutatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ];
     for o in &objs {
         let kind = o["kind"].as_str().expect("kind");

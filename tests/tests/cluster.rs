@@ -453,6 +453,56 @@ async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> a
         "{share:?}"
     );
     assert_ne!(share["CVD"], card, "the share is not on the whole card");
+    // The signed allocation is the extender's alone: a tenant allowed to update its pods (and
+    // the cluster's admin) cannot change or drop it; other annotations stay theirs to change.
+    c.kubectl_ok(&["create", "serviceaccount", "tenant"])?;
+    c.kubectl_ok(&[
+        "create",
+        "role",
+        "tenant-pods",
+        "--verb=get,patch,update",
+        "--resource=pods",
+    ])?;
+    c.kubectl_ok(&[
+        "create",
+        "rolebinding",
+        "tenant-pods",
+        "--role=tenant-pods",
+        "--serviceaccount=default:tenant",
+    ])?;
+    let tenant = "--as=system:serviceaccount:default:tenant";
+    for args in [
+        &[
+            tenant,
+            "annotate",
+            "pod",
+            "share",
+            "--overwrite",
+            "tessera.io/allocation-signature=x",
+        ][..],
+        &[tenant, "annotate", "pod", "share", "tessera.io/allocation-"],
+        &[
+            "annotate",
+            "pod",
+            "share",
+            "--overwrite",
+            "tessera.io/allocation-signature=x",
+        ],
+    ] {
+        let out = c.kubectl(args)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && err.contains("tessera-allocation-annotations")
+                && err.contains("only Tessera's extender"),
+            "{args:?}: {err}"
+        );
+    }
+    c.kubectl_ok(&[tenant, "annotate", "pod", "share", "team=vision"])?;
+    assert_eq!(
+        tessera::allocation(&c, &t.keys_dir, "share")?.containers[0].devices[0].card_uuid(),
+        share["CVD"].as_str()
+    );
     // No GPU asked (the default scheduler, no tessera.io resource), none seen, even with
     // NVIDIA's variable in its environment.
     let plain = gpu_pod("plain", &[]).replace("  schedulerName: tessera\n", "").replace(

@@ -1190,3 +1190,49 @@ async fn bind_refuses_other_schedulers_pods_and_untolerated_taints() -> anyhow::
     assert_eq!(bound("admin").as_deref(), Some("cp"));
     Ok(())
 }
+
+/// A tenant cannot free its pod's GPUs in the extender's books by rewriting the pod's
+/// allocation annotations (pods/update allows it): the node keeps the devices it injected, so
+/// the booking keeps them too until the pod ends, and no other pod is given the same card.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_allocation_annotation_keeps_the_booking() -> anyhow::Result<()> {
+    let (api, mut r) = cluster(&[("t1", "t4x2")]).await?;
+    let whole = |name: &str| pod(name, &[("main", &[("tessera.io/gpu-core", "100")])]);
+    let first = api.create_pod(&whole("first"))?;
+    let second = api.create_pod(&whole("second"))?;
+    assert_eq!(bind(&mut r.http, &first, "t1").await?, "");
+    assert_eq!(bind(&mut r.http, &second, "t1").await?, "");
+    // The tenant of `first` breaks its signature, then its allocation.
+    for patch in [
+        json!({"metadata": {"annotations": {"tessera.io/allocation-signature": "x"}}}),
+        json!({"metadata": {"annotations": {"tessera.io/allocation": null, "tessera.io/allocation-signature": null}}}),
+    ] {
+        assert!(api.patch_pod("default", "first", &patch));
+        // The extender has seen the change when the pod's annotations are gone from its view.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let third = api.create_pod(&whole(&format!("third-{}", patch.to_string().len())))?;
+        let err = bind(&mut r.http, &third, "t1").await?;
+        assert!(
+            !err.is_empty(),
+            "a third whole card was given on a two-card node: {patch}"
+        );
+        assert_eq!(
+            api.pod("default", &third.metadata.name.clone().unwrap())
+                .and_then(|p| p.spec?.node_name),
+            None
+        );
+    }
+    // The pod ends: its card is free again.
+    api.delete_pod("default", "first");
+    let fourth = api.create_pod(&whole("fourth"))?;
+    let mut err = String::from("not tried");
+    for _ in 0..50 {
+        err = bind(&mut r.http, &fourth, "t1").await?;
+        if err.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(err, "");
+    Ok(())
+}

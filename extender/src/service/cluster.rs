@@ -461,6 +461,17 @@ impl Cluster {
             }
         };
         let mut l = self.ledger();
+        // The first verified allocation of a pod holds until the pod ends: its node injected
+        // those devices at sandbox creation, whatever the annotation says now (a tenant may
+        // rewrite its own pod's annotations; pods/update allows it).
+        let allocation = allocation.or_else(|| {
+            let kept = l.booking(uid).filter(|b| b.node == node)?.allocation.clone()?;
+            warn!(
+                pod = name,
+                node, "the pod's allocation annotation no longer verifies: keeping the allocation it was bound with"
+            );
+            Some(kept)
+        });
         if !claims.is_empty() {
             let change = self
                 .claims()

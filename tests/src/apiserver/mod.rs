@@ -718,6 +718,16 @@ impl FakeApiServer {
             .is_ok()
     }
 
+    /// Applies a merge patch to a pod (as `kubectl annotate --overwrite` would).
+    pub fn patch_pod(&self, ns: &str, name: &str, patch: &Value) -> bool {
+        self.inner
+            .update(Kind::Pod, ns, name, |p| {
+                merge_patch(p, patch);
+                Ok(())
+            })
+            .is_ok()
+    }
+
     /// Applies a merge patch to a node.
     pub fn patch_node(&self, name: &str, patch: &Value) -> bool {
         self.inner

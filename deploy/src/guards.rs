@@ -1,0 +1,82 @@
+//! Admission policies that keep Tessera's own records to Tessera: only the extender's service
+//! account sets or changes a pod's signed allocation (`tessera.io/allocation` and its
+//! signature). A tenant who may update its pods could otherwise drop its allocation from a
+//! restarted extender's books while its node keeps the devices it injected.
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
+};
+use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
+
+use super::{EXTENDER, ManifestOptions, meta};
+
+/// The policy (and its binding) guarding the allocation annotations.
+pub const ALLOCATION_POLICY: &str = "tessera-allocation-annotations";
+
+/// An annotation of `object` (or of `oldObject`), `''` when absent: CEL with no optionals, so
+/// every API server from 1.30 on evaluates it.
+fn annotation(object: &str, key: &str) -> String {
+    let guard = if object == "oldObject" {
+        "oldObject != null && "
+    } else {
+        ""
+    };
+    format!(
+        "{guard}has({object}.metadata.annotations) && '{key}' in {object}.metadata.annotations ? {object}.metadata.annotations['{key}'] : ''"
+    )
+}
+
+/// The policy and its binding, in apply order.
+pub fn allocation_guard(opts: &ManifestOptions) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let variable = |name: &str, expression: String| Variable {
+        name: name.into(),
+        expression,
+    };
+    let extender = format!("system:serviceaccount:{}:{EXTENDER}", opts.namespace);
+    let policy = ValidatingAdmissionPolicy {
+        metadata: meta(ALLOCATION_POLICY, None),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: Some(vec!["".into()]),
+                    api_versions: Some(vec!["v1".into()]),
+                    operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                    // The status subresource may change a pod's annotations too.
+                    resources: Some(vec!["pods".into(), "pods/status".into()]),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            variables: Some(vec![
+                variable("allocation", annotation("object", ANNOTATION_ALLOCATION)),
+                variable("signature", annotation("object", ANNOTATION_ALLOCATION_SIGNATURE)),
+                variable("oldAllocation", annotation("oldObject", ANNOTATION_ALLOCATION)),
+                variable("oldSignature", annotation("oldObject", ANNOTATION_ALLOCATION_SIGNATURE)),
+            ]),
+            validations: Some(vec![Validation {
+                expression: format!(
+                    "request.userInfo.username == '{extender}' || \
+                     (variables.allocation == variables.oldAllocation && variables.signature == variables.oldSignature)"
+                ),
+                message: Some(format!(
+                    "only Tessera's extender ({extender}) sets or changes {ANNOTATION_ALLOCATION} and {ANNOTATION_ALLOCATION_SIGNATURE}"
+                )),
+                reason: Some("Forbidden".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: meta(ALLOCATION_POLICY, None),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(ALLOCATION_POLICY.into()),
+            validation_actions: Some(vec!["Deny".into()]),
+            ..Default::default()
+        }),
+    };
+    (policy, binding)
+}
