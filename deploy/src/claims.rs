@@ -57,7 +57,7 @@ pub fn extender_rules() -> Vec<PolicyRule> {
 pub fn extender_namespace_rules() -> Vec<PolicyRule> {
     vec![
         PolicyRule {
-            resource_names: Some(vec![WEBHOOK_SECRET.into()]),
+            resource_names: Some(vec![WEBHOOK_SECRET.into(), super::EXTENDER_TLS_SECRET.into()]),
             ..rule(&[""], &["secrets"], &["get"])
         },
         // Create cannot be limited by name (the object does not exist yet).

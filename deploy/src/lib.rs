@@ -181,11 +181,19 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
+/// The Secret of the verbs' certificates: the extender's, the CA, and the scheduler's client
+/// certificate (which alone may call the verbs).
+pub const EXTENDER_TLS_SECRET: &str = "tessera-extender-tls";
+/// Where the scheduler mounts its client certificate.
+const SCHEDULER_CLIENT_DIR: &str = "/etc/tessera/extender-client";
+
 fn http_probe(path: &str, period: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
             port: IntOrString::Int(EXTENDER_PORT),
+            // The verbs' port is HTTPS; probes need no client certificate.
+            scheme: Some("HTTPS".into()),
             ..Default::default()
         }),
         period_seconds: Some(period),
@@ -236,7 +244,12 @@ leaderElection:
 profiles:
 - schedulerName: {SCHEDULER_NAME}
 extenders:
-- urlPrefix: http://{EXTENDER}.{ns}.svc:{EXTENDER_PORT}/tessera
+- urlPrefix: https://{EXTENDER}.{ns}.svc:{EXTENDER_PORT}/tessera
+  tlsConfig:
+    serverName: {EXTENDER}.{ns}.svc
+    caFile: {SCHEDULER_CLIENT_DIR}/ca.crt
+    certFile: {SCHEDULER_CLIENT_DIR}/scheduler.crt
+    keyFile: {SCHEDULER_CLIENT_DIR}/scheduler.key
   filterVerb: filter
   prioritizeVerb: prioritize
   weight: 5
@@ -374,6 +387,8 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                             "serve".into(),
                             format!("--listen=0.0.0.0:{EXTENDER_PORT}"),
                             "--keys-dir=/etc/tessera/keys".into(),
+                            format!("--tls-secret={EXTENDER_TLS_SECRET}"),
+                            format!("--tls-service={EXTENDER}"),
                             format!("--webhook-listen=0.0.0.0:{}", claims::WEBHOOK_PORT),
                             format!("--webhook-secret={}", claims::WEBHOOK_SECRET),
                             format!("--webhook-service={}", claims::WEBHOOK_SERVICE),
@@ -494,17 +509,42 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                             read_only_root_filesystem: Some(false),
                             ..restricted()
                         }),
-                        volume_mounts: Some(vec![mount("config", "/etc/tessera", true)]),
+                        volume_mounts: Some(vec![
+                            mount("config", "/etc/tessera", true),
+                            mount("extender-client", SCHEDULER_CLIENT_DIR, true),
+                        ]),
                         ..Default::default()
                     }],
-                    volumes: Some(vec![Volume {
-                        name: "config".into(),
-                        config_map: Some(ConfigMapVolumeSource {
-                            name: SCHEDULER.into(),
+                    volumes: Some(vec![
+                        Volume {
+                            name: "config".into(),
+                            config_map: Some(ConfigMapVolumeSource {
+                                name: SCHEDULER.into(),
+                                ..Default::default()
+                            }),
                             ..Default::default()
-                        }),
-                        ..Default::default()
-                    }]),
+                        },
+                        // Only its own files of the Secret the extender creates (the pod
+                        // waits for it): the CA and its client certificate.
+                        Volume {
+                            name: "extender-client".into(),
+                            secret: Some(SecretVolumeSource {
+                                secret_name: Some(EXTENDER_TLS_SECRET.into()),
+                                items: Some(
+                                    ["ca.crt", "scheduler.crt", "scheduler.key"]
+                                        .into_iter()
+                                        .map(|k| k8s_openapi::api::core::v1::KeyToPath {
+                                            key: k.into(),
+                                            path: k.into(),
+                                            ..Default::default()
+                                        })
+                                        .collect(),
+                                ),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                    ]),
                     ..Default::default()
                 }),
             },

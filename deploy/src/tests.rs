@@ -75,11 +75,12 @@ fn rbac_is_least_privilege() {
                 .map(|v| v.as_str().unwrap())
                 .collect();
             assert!(!verbs.contains(&"*") && !res.contains(&"*"), "{o}");
-            // The only Secret read through the API is the webhook certificate the extender
-            // keeps, by name, in its own namespace (creating it cannot be limited by name).
+            // The only Secrets read through the API are the certificates the extender keeps
+            // (the webhook's, the verbs'), by name, in its own namespace (creating them cannot
+            // be limited by name).
             if res.contains(&"secrets") {
                 assert_eq!((o["kind"].as_str(), res.len()), (Some("Role"), 1), "{o}");
-                let named = r["resourceNames"] == serde_json::json!([claims::WEBHOOK_SECRET]);
+                let named = r["resourceNames"] == serde_json::json!([claims::WEBHOOK_SECRET, EXTENDER_TLS_SECRET]);
                 assert!(verbs == ["get"] && named || verbs == ["create"], "{r}");
             }
             // The only deletions: ElasticGPUs of a Delete class whose pod is gone.
@@ -163,10 +164,20 @@ fn the_scheduler_config_names_the_extender_and_every_resource() {
     let cfg: serde_json::Value = serde_yaml::from_str(&scheduler_config(&ManifestOptions::default())).unwrap();
     assert_eq!(cfg["apiVersion"], "kubescheduler.config.k8s.io/v1");
     let ext = &cfg["extenders"][0];
+    // HTTPS, and the scheduler's client certificate: the verbs answer no one else.
     assert_eq!(
         ext["urlPrefix"],
-        "http://tessera-extender.tessera-system.svc:8888/tessera"
+        "https://tessera-extender.tessera-system.svc:8888/tessera"
     );
+    let tls = &ext["tlsConfig"];
+    assert_eq!(tls["serverName"], "tessera-extender.tessera-system.svc");
+    for (k, file) in [
+        ("caFile", "ca.crt"),
+        ("certFile", "scheduler.crt"),
+        ("keyFile", "scheduler.key"),
+    ] {
+        assert_eq!(tls[k], format!("/etc/tessera/extender-client/{file}"));
+    }
     assert_eq!(ext["bindVerb"], "bind");
     assert_eq!(ext["nodeCacheCapable"], true);
     let names: Vec<&str> = ext["managedResources"]

@@ -14,7 +14,8 @@ use tessera_core::policy::PolicyKind;
 use tessera_core::request::RequestOptions;
 use tessera_extender::service::cluster::Cluster;
 use tessera_extender::service::leader::LeaseConfig;
-use tessera_extender::service::{self, ServiceConfig, WebhookConfig, WebhookTls};
+use tessera_extender::service::verb_certs::VerbCerts;
+use tessera_extender::service::{self, ServiceConfig, VerbTls, WebhookConfig, WebhookTls};
 use tracing::info;
 
 #[derive(Args)]
@@ -46,6 +47,18 @@ pub struct ServeArgs {
     /// The PEM private key for --tls-cert.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// With --tls-cert: answer the verbs only for clients whose certificate this CA (PEM)
+    /// signed, i.e. the scheduler (its `extenders[].tlsConfig` certFile and keyFile).
+    #[arg(long, requires = "tls_cert")]
+    client_ca: Option<PathBuf>,
+    /// Keep the verbs' certificates in this Secret (in the lease namespace), created when
+    /// absent: a serving certificate for --tls-service and the scheduler's client certificate,
+    /// which alone may call the verbs. Without it or --tls-cert the verbs are plain HTTP.
+    #[arg(long, conflicts_with = "tls_cert")]
+    tls_secret: Option<String>,
+    /// The extender's Service (the self-kept certificate is for its DNS names).
+    #[arg(long, default_value = "tessera-extender")]
+    tls_service: String,
     /// Run without leader election (a single replica).
     #[arg(long)]
     no_leader_election: bool,
@@ -128,7 +141,19 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             prefix: args.prefix.clone(),
             body_limit: args.max_body_bytes,
             lease,
-            tls: args.tls_cert.clone().zip(args.tls_key.clone()),
+            tls: match (&args.tls_cert, &args.tls_key, &args.tls_secret) {
+                (Some(cert), Some(key), _) => Some(VerbTls::Files {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: args.client_ca.clone(),
+                }),
+                (_, _, Some(secret)) => Some(VerbTls::SelfManaged(VerbCerts {
+                    namespace: args.lease_namespace.clone(),
+                    secret: secret.clone(),
+                    service: args.tls_service.clone(),
+                })),
+                _ => None,
+            },
             claims: !args.no_claims,
             webhook: (!args.no_claims && !args.no_webhook).then(|| WebhookConfig {
                 listen: args.webhook_listen,
@@ -145,7 +170,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
     )
     .await?;
-    info!(addr = %running.addr, prefix = args.prefix, tls = args.tls_cert.is_some(), webhook = ?running.webhook_addr, "serving");
+    info!(addr = %running.addr, prefix = args.prefix, tls = args.tls_cert.is_some() || args.tls_secret.is_some(), webhook = ?running.webhook_addr, "serving");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = term.recv() => {}

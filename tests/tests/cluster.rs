@@ -288,16 +288,51 @@ mod tessera {
         .env("KUBECONFIG", sa_kubeconfig(c, "tessera-extender")?);
         c.spawn("extender", cmd)?;
 
-        // The second scheduler: the manifests' configuration, the extender on loopback.
+        // The second scheduler: the manifests' configuration, the extender on loopback, its
+        // client certificate from the Secret the extender creates (as the Deployment mounts it).
+        let client_dir = c.dir().join("extender-client");
+        std::fs::create_dir_all(&client_dir)?;
+        for file in ["ca.crt", "scheduler.crt", "scheduler.key"] {
+            let key = file.replace('.', "\\.");
+            let mut data = String::new();
+            for _ in 0..100 {
+                data = c
+                    .kubectl_ok(&[
+                        "-n",
+                        NS,
+                        "get",
+                        "secret",
+                        "tessera-extender-tls",
+                        "-o",
+                        &format!("jsonpath={{.data.{key}}}"),
+                    ])
+                    .unwrap_or_default();
+                if !data.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            anyhow::ensure!(
+                !data.is_empty(),
+                "the extender made no tessera-extender-tls: {}",
+                c.log_tail("extender", 20)
+            );
+            use base64::Engine as _;
+            std::fs::write(
+                client_dir.join(file),
+                base64::engine::general_purpose::STANDARD.decode(data.trim())?,
+            )?;
+        }
         let config = objects
             .iter()
             .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "tessera-scheduler")
             .and_then(|o| o["data"]["scheduler-config.yaml"].as_str())
             .context("the scheduler's ConfigMap")?
             .replace(
-                &format!("http://tessera-extender.{NS}.svc:8888"),
-                "http://127.0.0.1:8888",
-            );
+                &format!("https://tessera-extender.{NS}.svc:8888"),
+                "https://127.0.0.1:8888",
+            )
+            .replace("/etc/tessera/extender-client", &client_dir.display().to_string());
         let sched_kc = sa_kubeconfig(c, "tessera-scheduler")?;
         let config = format!("{}clientConnection:\n  kubeconfig: {}\n", config, sched_kc.display());
         let config_path = c.dir().join("tessera-scheduler.yaml");

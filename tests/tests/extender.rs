@@ -605,7 +605,11 @@ async fn serves_https_with_the_given_certificate() -> anyhow::Result<()> {
             prefix: PREFIX.into(),
             body_limit: 1 << 20,
             lease: None,
-            tls: Some((cert_path, key_path)),
+            tls: Some(tessera_extender::service::VerbTls::Files {
+                cert: cert_path,
+                key: key_path,
+                client_ca: None,
+            }),
             claims: false,
             webhook: None,
         },
@@ -1234,5 +1238,141 @@ async fn a_tampered_allocation_annotation_keeps_the_booking() -> anyhow::Result<
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(err, "");
+    Ok(())
+}
+
+/// One HTTP/1.1 request over TLS to `addr` (server name `localhost`, trusting `ca`), with a
+/// client certificate when given: the status and body, or the handshake's error.
+async fn over_tls(
+    addr: std::net::SocketAddr,
+    ca: &[u8],
+    client: Option<(&[u8], &[u8])>,
+    method_path: &str,
+    body: &[u8],
+) -> anyhow::Result<(u16, String)> {
+    use std::sync::Arc;
+
+    use rustls_pki_types::pem::PemObject as _;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(ca)?)?;
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => builder.with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(cert)?],
+            PrivateKeyDer::from_pem_slice(key)?,
+        )?,
+    };
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect("localhost".try_into()?, tcp)
+        .await?;
+    tls.write_all(
+        format!(
+            "{method_path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await?;
+    tls.write_all(body).await?;
+    let mut reply = String::new();
+    tls.read_to_string(&mut reply).await?;
+    let status = reply.get(9..12).unwrap_or_default().parse()?;
+    Ok((
+        status,
+        reply
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default(),
+    ))
+}
+
+/// Only the scheduler drives the extender: with a client CA, the verbs answer only a client
+/// whose certificate that CA signed. Without a certificate a caller is refused (403) and
+/// nothing is bound; a certificate of another CA fails the handshake; probes and metrics
+/// answer anyone; the scheduler's certificate binds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verbs_answer_only_the_schedulers_client_certificate() -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use tessera_claims::admission::certs::generate_with_clients;
+    let api = FakeApiServer::start().await?;
+    api.create_node(&gpu_node("t1", "t4x2"))?;
+    let dir = tempfile::tempdir()?;
+    let (serving, clients) = generate_with_clients(vec!["localhost".into()], &["tessera-scheduler"])?;
+    let (_, strangers) = generate_with_clients(vec!["localhost".into()], &["tessera-scheduler"])?;
+    let (scheduler, stranger) = (&clients[0], &strangers[0]);
+    for (name, bytes) in [
+        ("tls.crt", &serving.cert),
+        ("tls.key", &serving.key),
+        ("ca.crt", &serving.ca),
+    ] {
+        std::fs::write(dir.path().join(name), bytes)?;
+    }
+    let cluster = Arc::new(tessera_extender::service::cluster::Cluster::new(
+        Default::default(),
+        keys(),
+        Default::default(),
+    ));
+    let running = tessera_extender::service::start(
+        api.client()?,
+        cluster,
+        tessera_extender::service::ServiceConfig {
+            listen: "127.0.0.1:0".parse()?,
+            prefix: PREFIX.into(),
+            body_limit: 1 << 20,
+            lease: None,
+            tls: Some(tessera_extender::service::VerbTls::Files {
+                cert: dir.path().join("tls.crt"),
+                key: dir.path().join("tls.key"),
+                client_ca: Some(dir.path().join("ca.crt")),
+            }),
+            claims: false,
+            webhook: None,
+        },
+    )
+    .await?;
+    let addr = running.addr;
+    let web = api.create_pod(&pod("web", &[("main", &[("cpu", "1")])]))?;
+    let body = serde_json::to_vec(&bind_args(&web, "t1"))?;
+    let bind_path = format!("POST {}", path("bind"));
+    let mine = Some((scheduler.cert.as_slice(), scheduler.key.as_slice()));
+    for _ in 0..50 {
+        if over_tls(addr, &serving.ca, None, "GET /readyz", b"").await?.0 == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Anyone: the probes and the metrics.
+    assert_eq!(over_tls(addr, &serving.ca, None, "GET /healthz", b"").await?.0, 200);
+    assert_eq!(over_tls(addr, &serving.ca, None, "GET /metrics", b"").await?.0, 200);
+    // No certificate: refused, nothing bound.
+    let (status, reply) = over_tls(addr, &serving.ca, None, &bind_path, &body).await?;
+    assert_eq!(status, 403, "{reply}");
+    assert!(reply.contains("client certificate is required"), "{reply}");
+    let (status, _) = over_tls(addr, &serving.ca, None, &format!("POST {}", path("filter")), b"{}").await?;
+    assert_eq!(status, 403);
+    // Another CA's client certificate: no handshake.
+    let foreign = over_tls(
+        addr,
+        &serving.ca,
+        Some((&stranger.cert, &stranger.key)),
+        &bind_path,
+        &body,
+    )
+    .await;
+    assert!(foreign.is_err(), "a certificate of another CA was taken: {foreign:?}");
+    assert_eq!(api.pod("default", "web").and_then(|p| p.spec?.node_name), None);
+    // The scheduler's.
+    let (status, reply) = over_tls(addr, &serving.ca, mine, &bind_path, &body).await?;
+    assert_eq!((status, reply.as_str()), (200, r#"{"Error":""}"#), "{reply}");
+    assert_eq!(
+        api.pod("default", "web").and_then(|p| p.spec?.node_name).as_deref(),
+        Some("t1")
+    );
     Ok(())
 }

@@ -15,7 +15,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
+};
 use tracing::{info, warn};
 
 /// Where the certificate lives and what it is for.
@@ -52,12 +55,17 @@ pub fn service_names(service: &str, namespace: &str) -> Vec<String> {
     ]
 }
 
-/// A new CA and a certificate it signed for `names`.
+/// A new CA (its key dropped once it has signed) and a serving certificate it signed for
+/// `names`.
 pub fn generate(names: Vec<String>) -> anyhow::Result<ServingCert> {
+    Ok(generate_with_clients(names, &[])?.0)
+}
+
+/// A new CA, a serving certificate it signed for `names`, and a client certificate it signed
+/// for each of `clients` (common names). The CA's key is dropped: nothing more can be signed.
+pub fn generate_with_clients(names: Vec<String>, clients: &[&str]) -> anyhow::Result<(ServingCert, Vec<ServingCert>)> {
     let mut ca_params = CertificateParams::default();
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "tessera-webhook-ca");
+    ca_params.distinguished_name.push(DnType::CommonName, "tessera-ca");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
@@ -65,42 +73,65 @@ pub fn generate(names: Vec<String>) -> anyhow::Result<ServingCert> {
         KeyUsagePurpose::DigitalSignature,
     ];
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let ca_pem = ca.as_ref().pem().into_bytes();
+    let sign = |params: CertificateParams| -> anyhow::Result<ServingCert> {
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &ca)?;
+        Ok(ServingCert {
+            cert: cert.pem().into_bytes(),
+            key: key.serialize_pem().into_bytes(),
+            ca: ca_pem.clone(),
+        })
+    };
     let mut params = CertificateParams::new(names.clone())?;
     params
         .distinguished_name
         .push(DnType::CommonName, names.first().cloned().unwrap_or_default());
-    let key = KeyPair::generate()?;
-    let cert = params.signed_by(&key, &ca)?;
-    Ok(ServingCert {
-        cert: cert.pem().into_bytes(),
-        key: key.serialize_pem().into_bytes(),
-        ca: ca.as_ref().pem().into_bytes(),
-    })
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let serving = sign(params)?;
+    let clients = clients
+        .iter()
+        .map(|cn| {
+            let mut params = CertificateParams::default();
+            params.distinguished_name.push(DnType::CommonName, *cn);
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            sign(params)
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok((serving, clients))
 }
 
-fn from_secret(s: &Secret) -> Option<ServingCert> {
-    let d = s.data.as_ref()?;
-    let get = |k: &str| d.get(k).map(|b| b.0.clone()).filter(|b| !b.is_empty());
-    Some(ServingCert {
-        cert: get("tls.crt")?,
-        key: get("tls.key")?,
-        ca: get("ca.crt")?,
-    })
-}
-
-/// The certificate in the Secret, creating both when there is none. Replicas starting together
-/// all end up with whichever was created first.
-pub async fn ensure_secret(client: &Client, cfg: &SelfManaged) -> anyhow::Result<ServingCert> {
-    let api: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
-    let what = || format!("Secret {}/{}", cfg.namespace, cfg.secret);
-    if let Some(s) = api.get_opt(&cfg.secret).await.with_context(what)? {
-        return from_secret(&s).with_context(|| format!("{} lacks tls.crt, tls.key or ca.crt", what()));
+/// The PEM files of a Secret the extender keeps, read when it exists with every key of
+/// `keys`; else `make`s them and creates the Secret. Replicas starting together all end up with
+/// whichever was created first (no replica overwrites another's).
+pub async fn ensure_secret_files(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    keys: &[&str],
+    make: impl FnOnce() -> anyhow::Result<BTreeMap<String, Vec<u8>>>,
+) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let what = || format!("Secret {namespace}/{name}");
+    let files = |s: &Secret| -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
+        let d = s.data.clone().unwrap_or_default();
+        keys.iter()
+            .map(|k| {
+                d.get(*k)
+                    .map(|b| (k.to_string(), b.0.clone()))
+                    .filter(|(_, b)| !b.is_empty())
+                    .with_context(|| format!("{} lacks {k}", what()))
+            })
+            .collect()
+    };
+    if let Some(s) = api.get_opt(name).await.with_context(what)? {
+        return files(&s);
     }
-    let fresh = generate(service_names(&cfg.service, &cfg.namespace))?;
+    let fresh = make()?;
     let secret = Secret {
         metadata: ObjectMeta {
-            name: Some(cfg.secret.clone()),
-            namespace: Some(cfg.namespace.clone()),
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
             labels: Some(BTreeMap::from([(
                 "app.kubernetes.io/part-of".to_string(),
                 "tessera".to_string(),
@@ -108,25 +139,43 @@ pub async fn ensure_secret(client: &Client, cfg: &SelfManaged) -> anyhow::Result
             ..Default::default()
         },
         type_: Some("kubernetes.io/tls".into()),
-        data: Some(BTreeMap::from([
-            ("tls.crt".to_string(), ByteString(fresh.cert.clone())),
-            ("tls.key".to_string(), ByteString(fresh.key.clone())),
-            ("ca.crt".to_string(), ByteString(fresh.ca.clone())),
-        ])),
+        data: Some(fresh.iter().map(|(k, v)| (k.clone(), ByteString(v.clone()))).collect()),
         ..Default::default()
     };
     match api.create(&PostParams::default(), &secret).await {
         Ok(_) => {
-            info!(secret = what(), "created the webhook's certificate");
+            info!(secret = what(), "created the certificates");
             Ok(fresh)
         }
-        // Another replica won: use its certificate.
-        Err(kube::Error::Api(e)) if e.code == 409 => {
-            let s = api.get(&cfg.secret).await.with_context(what)?;
-            from_secret(&s).with_context(|| format!("{} lacks tls.crt, tls.key or ca.crt", what()))
-        }
+        // Another replica won: use its files.
+        Err(kube::Error::Api(e)) if e.code == 409 => files(&api.get(name).await.with_context(what)?),
         Err(e) => Err(e).with_context(|| format!("creating {}", what())),
     }
+}
+
+/// The webhook's certificate in its Secret, creating both when there is none.
+pub async fn ensure_secret(client: &Client, cfg: &SelfManaged) -> anyhow::Result<ServingCert> {
+    let mut files = ensure_secret_files(
+        client,
+        &cfg.namespace,
+        &cfg.secret,
+        &["tls.crt", "tls.key", "ca.crt"],
+        || {
+            let c = generate(service_names(&cfg.service, &cfg.namespace))?;
+            Ok(BTreeMap::from([
+                ("tls.crt".to_string(), c.cert),
+                ("tls.key".to_string(), c.key),
+                ("ca.crt".to_string(), c.ca),
+            ]))
+        },
+    )
+    .await?;
+    let mut take = |k: &str| files.remove(k).unwrap_or_default();
+    Ok(ServingCert {
+        cert: take("tls.crt"),
+        key: take("tls.key"),
+        ca: take("ca.crt"),
+    })
 }
 
 /// Sets every webhook's `caBundle` in the configuration to `ca`; true when it changed (false

@@ -48,20 +48,38 @@ fn parse_owned<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejectio
     parse(&body_of(body)?)
 }
 
-/// The router for `svc`, verbs under `prefix` (e.g. `/tessera`).
-pub fn router(svc: Shared, prefix: &str, body_limit: usize) -> Router {
+/// The router for `svc`, verbs under `prefix` (e.g. `/tessera`). With `verified_clients_only`
+/// the verbs answer only requests whose connection presented a client certificate the client
+/// CA signed (the scheduler's); health, readiness and metrics answer anyone.
+pub fn router(svc: Shared, prefix: &str, body_limit: usize, verified_clients_only: bool) -> Router {
     let prefix = prefix.trim_end_matches('/');
-    Router::new()
+    let mut verbs = Router::new()
         .route(&format!("{prefix}/filter"), post(filter))
         .route(&format!("{prefix}/prioritize"), post(prioritize))
         .route(&format!("{prefix}/bind"), post(bind))
-        .route(&format!("{prefix}/preempt"), post(preempt))
+        .route(&format!("{prefix}/preempt"), post(preempt));
+    if verified_clients_only {
+        verbs = verbs.route_layer(axum::middleware::from_fn(only_verified_clients));
+    }
+    Router::new()
+        .merge(verbs)
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/syncedz", get(syncedz))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(svc)
+}
+
+/// Lets a request through only when its connection presented a verified client certificate.
+async fn only_verified_clients(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    match req.extensions().get::<super::tls::ClientCert>() {
+        Some(super::tls::ClientCert(true)) => next.run(req).await,
+        _ => error(
+            StatusCode::FORBIDDEN,
+            "the extender's verbs answer only the scheduler: its client certificate is required",
+        ),
+    }
 }
 
 async fn readyz(State(svc): State<Shared>) -> Response {

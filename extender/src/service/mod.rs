@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod podview;
 pub mod tenants;
 pub mod tls;
+pub mod verb_certs;
 pub mod watch;
 pub mod wire;
 
@@ -65,13 +66,33 @@ pub struct ServiceConfig {
     pub body_limit: usize,
     /// Lease election; `None` runs as the only (always leading) replica.
     pub lease: Option<LeaseConfig>,
-    /// Serve HTTPS with this certificate and key (PEM files).
-    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Serve the verbs over HTTPS (and, with a client CA, only to the scheduler); `None`
+    /// serves plain HTTP to anyone who reaches the port.
+    pub tls: Option<VerbTls>,
     /// Serve ElasticGPU claims: watch Tessera's custom resources, book retained GPUs and run
     /// the claims controller (the CRDs must be installed).
     pub claims: bool,
     /// Serve the claims' admission webhook (needs `claims`).
     pub webhook: Option<WebhookConfig>,
+}
+
+/// The verbs' certificates.
+#[derive(Debug, Clone)]
+pub enum VerbTls {
+    /// A certificate chain and key (PEM files); with `client_ca`, the verbs answer only
+    /// clients whose certificate it signed.
+    Files {
+        /// The certificate chain.
+        cert: PathBuf,
+        /// Its key.
+        key: PathBuf,
+        /// The CA of the clients the verbs answer.
+        client_ca: Option<PathBuf>,
+    },
+    /// Kept by the extender in a Secret it creates when absent (see [`verb_certs`]): its
+    /// serving certificate for the Service's DNS names and the scheduler's client
+    /// certificate, signed by one CA; the verbs answer only that client.
+    SelfManaged(verb_certs::VerbCerts),
 }
 
 /// Where and with which certificate the admission webhook is served.
@@ -208,7 +229,7 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
                     (c.cert, c.key)
                 }
             };
-            let acceptor = tls::acceptor_from_pem(&cert.0, &cert.1)?;
+            let acceptor = tls::acceptor_from_pem(&cert.0, &cert.1, None)?;
             let webhook = Arc::new(tessera_claims::admission::Webhook {
                 client: client.clone(),
                 stores,
@@ -241,20 +262,29 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
         metrics: Metrics::default(),
         events: events::Recorder::default(),
     });
-    let app = http::router(service.clone(), &cfg.prefix, cfg.body_limit);
+    let acceptor = match &cfg.tls {
+        None => None,
+        Some(VerbTls::Files { cert, key, client_ca }) => {
+            Some((tls::acceptor(cert, key, client_ca.as_deref())?, client_ca.is_some()))
+        }
+        Some(VerbTls::SelfManaged(v)) => {
+            let c = verb_certs::ensure(&service.client, v).await?;
+            Some((tls::acceptor_from_pem(&c.cert, &c.key, Some(&c.ca))?, true))
+        }
+    };
+    let verified_only = acceptor.as_ref().is_some_and(|(_, v)| *v);
+    let app = http::router(service.clone(), &cfg.prefix, cfg.body_limit, verified_only);
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
     let addr = listener.local_addr()?;
-    let server = match cfg.tls {
+    let server = match acceptor {
         None => {
+            tracing::warn!("serving the verbs over plain HTTP to anyone who reaches the port");
             let stop = stop_rx.clone();
             tokio::spawn(async move {
                 let _ = axum::serve(listener, app).with_graceful_shutdown(stop).await;
             })
         }
-        Some((cert, key)) => {
-            let acceptor = tls::acceptor(&cert, &key)?;
-            tokio::spawn(tls::serve(listener, acceptor, app, stop_rx.clone()))
-        }
+        Some((acceptor, _)) => tokio::spawn(tls::serve(listener, acceptor, app, stop_rx.clone())),
     };
     tasks.push(server);
     let webhook_addr = webhook_server.map(|(addr, listener, acceptor, router)| {

@@ -1,4 +1,6 @@
-//! HTTPS: rustls (ring) with a PEM certificate chain and key, serving the same router.
+//! HTTPS: rustls (ring) with a PEM certificate chain and key, serving the same router; with a
+//! client CA, a client's certificate is verified against it during the handshake and each
+//! request says whether its connection presented one ([`ClientCert`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -13,22 +15,48 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 use tracing::debug;
 
-/// A TLS acceptor for the certificate chain and key in `cert` and `key` (PEM).
-pub fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
+/// Whether the request's connection presented a client certificate that the client CA signed
+/// (a certificate it did not sign fails the handshake).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientCert(pub bool);
+
+/// A TLS acceptor for the certificate chain and key in `cert` and `key` (PEM), verifying
+/// client certificates against `client_ca` when given.
+pub fn acceptor(cert: &Path, key: &Path, client_ca: Option<&Path>) -> anyhow::Result<TlsAcceptor> {
     let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
-    acceptor_from_pem(&read(cert)?, &read(key)?).with_context(|| format!("{} and {}", cert.display(), key.display()))
+    let ca = client_ca.map(read).transpose()?;
+    acceptor_from_pem(&read(cert)?, &read(key)?, ca.as_deref())
+        .with_context(|| format!("{} and {}", cert.display(), key.display()))
 }
 
-/// A TLS acceptor for a certificate chain and key held in memory (PEM).
-pub fn acceptor_from_pem(cert: &[u8], key: &[u8]) -> anyhow::Result<TlsAcceptor> {
+/// A TLS acceptor for a certificate chain and key held in memory (PEM), verifying client
+/// certificates against `client_ca` (PEM) when given. Clients without a certificate are let
+/// through the handshake (probes, scrapes); what they may call is the router's to decide.
+pub fn acceptor_from_pem(cert: &[u8], key: &[u8], client_ca: Option<&[u8]>) -> anyhow::Result<TlsAcceptor> {
     let certs = CertificateDer::pem_slice_iter(cert)
         .collect::<Result<Vec<_>, _>>()
         .context("parsing the certificate chain")?;
     anyhow::ensure!(!certs.is_empty(), "the certificate PEM holds no certificate");
     let key = PrivateKeyDer::from_pem_slice(key).context("parsing the private key")?;
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder =
+        rustls::ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_slice_iter(ca) {
+                roots.add(c.context("parsing the client CA")?)?;
+            }
+            anyhow::ensure!(!roots.is_empty(), "the client CA PEM holds no certificate");
+            builder.with_client_cert_verifier(
+                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .allow_unauthenticated()
+                    .build()?,
+            )
+        }
+    };
+    let config = builder
         .with_single_cert(certs, key)
         .context("certificate and key do not match")?;
     Ok(TlsAcceptor::from(Arc::new(config)))
@@ -63,7 +91,8 @@ pub async fn serve(
                     return;
                 }
             };
-            let svc = TowerToHyperService::new(app);
+            let presented = tls.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
+            let svc = TowerToHyperService::new(app.layer(axum::Extension(ClientCert(presented))));
             if let Err(e) = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(tls), svc)
                 .await
