@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use thiserror::Error;
 
 use crate::enforcement::{ShareEnforcement, ShareLimits};
-use crate::handoff::{AllocatedDevice, Allocation, HandoffError, SigningKeys};
+use crate::handoff::{AllocatedDevice, Allocation, HandoffError, VerifyingKeys};
 use crate::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, CDI_KIND};
 
 /// Prefix of the device plugin's Allocate annotations (`tessera.io/allocated.gpu-core`).
@@ -87,7 +87,7 @@ pub struct NodeContext<'a> {
     /// This node's name.
     pub node: &'a str,
     /// Verification keys.
-    pub keys: &'a SigningKeys,
+    pub keys: &'a VerifyingKeys,
     /// How the node holds shares to their limits.
     pub enforcement: ShareEnforcement,
     /// Whether the enforcement of a card (by UUID) is up now; the error says why not.

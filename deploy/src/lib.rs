@@ -62,8 +62,11 @@ impl Default for ManifestOptions {
 }
 
 pub use tessera_core::names::SCHEDULER_NAME;
-/// The Secret holding the hand-off signing keys.
+/// The Secret holding the hand-off signing keys (Ed25519 private keys and `active`): the
+/// extender's alone.
 pub const KEYS_SECRET: &str = "tessera-handoff-keys";
+/// The Secret holding their public keys: what the nodes verify with (and cannot sign with).
+pub const PUBLIC_KEYS_SECRET: &str = "tessera-handoff-public-keys";
 const EXTENDER: &str = "tessera-extender";
 const SCHEDULER: &str = "tessera-scheduler";
 const NODE: &str = "tessera-node";
@@ -201,11 +204,11 @@ fn http_probe(path: &str, period: i32) -> Probe {
     }
 }
 
-fn keys_volume() -> Volume {
+fn keys_volume(secret: &str) -> Volume {
     Volume {
         name: "handoff-keys".into(),
         secret: Some(SecretVolumeSource {
-            secret_name: Some(KEYS_SECRET.into()),
+            secret_name: Some(secret.into()),
             ..Default::default()
         }),
         ..Default::default()
@@ -424,7 +427,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                         volume_mounts: Some(vec![mount("handoff-keys", "/etc/tessera/keys", true)]),
                         ..Default::default()
                     }],
-                    volumes: Some(vec![keys_volume()]),
+                    volumes: Some(vec![keys_volume(KEYS_SECRET)]),
                     ..Default::default()
                 }),
             },
@@ -748,7 +751,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                         host_path("mps", DEFAULT_MPS_ROOT, "DirectoryOrCreate"),
                         host_path("hook", DEFAULT_HOOK_ROOT, "DirectoryOrCreate"),
                         host_path("driver-bundles", DEFAULT_BUNDLE_ROOT, "DirectoryOrCreate"),
-                        keys_volume(),
+                        keys_volume(PUBLIC_KEYS_SECRET),
                     ]),
                     ..Default::default()
                 }),

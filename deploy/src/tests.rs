@@ -194,3 +194,27 @@ fn the_scheduler_config_names_the_extender_and_every_resource() {
         );
     }
 }
+
+/// Only the extender can sign: it alone mounts the private keys; every node agent mounts the
+/// public ones.
+#[test]
+fn only_the_extender_mounts_the_signing_keys() {
+    let objs = objects(&ManifestOptions::default());
+    let secrets_of = |kind: &str, name: &str| -> Vec<String> {
+        let o = objs
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{kind} {name}"));
+        o["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["secret"]["secretName"].as_str().map(String::from))
+            .collect()
+    };
+    assert!(secrets_of("Deployment", EXTENDER).contains(&KEYS_SECRET.to_string()));
+    let node = secrets_of("DaemonSet", NODE);
+    assert!(node.contains(&PUBLIC_KEYS_SECRET.to_string()), "{node:?}");
+    assert!(!node.contains(&KEYS_SECRET.to_string()), "{node:?}");
+    assert!(!secrets_of("Deployment", SCHEDULER).contains(&KEYS_SECRET.to_string()));
+}

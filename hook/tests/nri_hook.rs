@@ -134,7 +134,7 @@ async fn hook_mode(version: Version) -> anyhow::Result<()> {
     let keys = SigningKeys::new("k1", [("k1".to_string(), vec![3u8; 32])])?;
     let plugin = Arc::new(TesseraPlugin::new(PluginConfig {
         node: NODE.into(),
-        keys: keys.clone(),
+        keys: keys.verifying(),
         cdi_dirs: vec![c.cdi_dir()],
         enforcement: ShareEnforcement::Hook,
         mps: Default::default(),

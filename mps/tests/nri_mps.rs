@@ -156,7 +156,7 @@ async fn mps(version: Version) -> anyhow::Result<()> {
     let plugin = |enforcement| {
         Arc::new(TesseraPlugin::new(PluginConfig {
             node: NODE.into(),
-            keys: keys.clone(),
+            keys: keys.verifying(),
             cdi_dirs: vec![cdi_dir.clone()],
             enforcement,
             mps: layout.clone(),

@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use tessera_core::enforcement::{HookLayout, MpsLayout, ShareEnforcement};
-use tessera_core::handoff::SigningKeys;
+use tessera_core::handoff::VerifyingKeys;
 use tessera_core::names::CDI_KIND;
 
 use crate::cdi::CdiResolver;
@@ -432,16 +432,24 @@ fn check_driver(opts: &CheckOptions) -> Finding {
 }
 
 fn check_keys(dir: &Path) -> Finding {
-    match SigningKeys::from_dir(dir) {
+    match VerifyingKeys::from_dir(dir) {
+        Ok(k) if k.key_ids().next().is_none() => finding(
+            Level::Fail,
+            "hand-off keys",
+            format!(
+                "no key in {} (mount the tessera-handoff-public-keys Secret; docs/operations.md)",
+                dir.display()
+            ),
+        ),
         Ok(k) => finding(
             Level::Ok,
             "hand-off keys",
-            format!("active key {:?}", k.active_key_id()),
+            format!("verifying with {}", k.key_ids().collect::<Vec<_>>().join(", ")),
         ),
         Err(e) => finding(
             Level::Fail,
             "hand-off keys",
-            format!("{e} (mount the tessera-handoff-keys Secret; docs/operations.md)"),
+            format!("{e} (mount the tessera-handoff-public-keys Secret; docs/operations.md)"),
         ),
     }
 }

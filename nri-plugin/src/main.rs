@@ -4,7 +4,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tessera_core::enforcement::{DEFAULT_HOOK_ROOT, DEFAULT_MPS_ROOT, HookLayout, MpsLayout, ShareEnforcement};
-use tessera_core::handoff::SigningKeys;
+use tessera_core::handoff::VerifyingKeys;
 use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
 use tessera_nri_plugin::session::{self, Identity};
 
@@ -160,7 +160,7 @@ fn node_name(arg: Option<String>) -> anyhow::Result<String> {
 }
 
 fn plugin(args: &RunArgs) -> anyhow::Result<Arc<TesseraPlugin>> {
-    let keys = SigningKeys::from_dir(&args.keys_dir)
+    let keys = VerifyingKeys::from_dir(&args.keys_dir)
         .with_context(|| format!("loading hand-off keys from {}", args.keys_dir.display()))?;
     Ok(Arc::new(
         TesseraPlugin::new(PluginConfig {

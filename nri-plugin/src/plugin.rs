@@ -11,7 +11,7 @@ use tessera_core::enforcement::{
     HOOK_AGENT_IN_CONTAINER, HOOK_CONFIG_IN_CONTAINER, HOOK_STATE_IN_CONTAINER, HookLayout, MpsCeiling, MpsLayout,
     ShareEnforcement, ShareLimits,
 };
-use tessera_core::handoff::{HandoffError, SigningKeys};
+use tessera_core::handoff::{HandoffError, VerifyingKeys};
 use tessera_core::injection::{self, ANNOTATION_INJECTED, Injection, NodeContext};
 use tessera_proto::nri::api;
 use tessera_proto::nri::api_ttrpc::Plugin;
@@ -48,7 +48,7 @@ pub struct PluginConfig {
     /// This node's name (allocations for other nodes are refused).
     pub node: String,
     /// Hand-off verification keys.
-    pub keys: SigningKeys,
+    pub keys: VerifyingKeys,
     /// CDI spec directories.
     pub cdi_dirs: Vec<PathBuf>,
     /// How this node holds shares to their limits.
@@ -84,7 +84,7 @@ pub struct Tracked {
 pub struct TesseraPlugin {
     config: PluginConfig,
     /// The verification keys in use (starts as `config.keys`).
-    keys: std::sync::RwLock<SigningKeys>,
+    keys: std::sync::RwLock<VerifyingKeys>,
     /// Where the keys come from, re-read when an allocation names a key we lack (rotation).
     keys_dir: Option<PathBuf>,
     cdi: Mutex<CdiResolver>,
@@ -159,7 +159,7 @@ impl TesseraPlugin {
                 ..
             }) if self.keys_dir.is_some() => {
                 let dir = self.keys_dir.as_ref().expect("checked");
-                match SigningKeys::from_dir(dir) {
+                match VerifyingKeys::from_dir(dir) {
                     Ok(fresh) => {
                         info!(key_id, dir = %dir.display(), "reloaded the hand-off keys");
                         *self.keys.write().unwrap_or_else(|p| p.into_inner()) = fresh;
@@ -630,7 +630,7 @@ mod tests {
         std::fs::write(cdi_dir.join("tessera.io-gpu.json"), text).unwrap();
         let plugin = TesseraPlugin::new(PluginConfig {
             node: "n".into(),
-            keys: SigningKeys::from_dir(&keys_dir).unwrap(),
+            keys: VerifyingKeys::from_dir(&keys_dir).unwrap(),
             cdi_dirs: vec![cdi_dir],
             enforcement: ShareEnforcement::None,
             mps: MpsLayout::default(),
@@ -639,7 +639,9 @@ mod tests {
         .reloading_keys_from(keys_dir.clone());
 
         // The extender starts signing with k2 (rotation step 2).
-        let k2 = SigningKeys::new("k2", [("k1".into(), vec![1u8; 32]), ("k2".into(), vec![2u8; 32])]).unwrap();
+        let k2 =
+            tessera_core::handoff::SigningKeys::new("k2", [("k1".into(), vec![1u8; 32]), ("k2".into(), vec![2u8; 32])])
+                .unwrap();
         let g = &inv.gpus[0];
         let mut a = Allocation::new("n", "uid");
         a.containers.push(ContainerAllocation {

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tessera_core::enforcement::{HookLayout, MpsLayout, ShareEnforcement};
-use tessera_core::handoff::{AllocatedDevice, SigningKeys};
+use tessera_core::handoff::{AllocatedDevice, VerifyingKeys};
 use tessera_node::telemetry::FixtureTelemetry;
 use tessera_nri_plugin::metrics::{NodeMetrics, serve};
 use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin, Tracked};
@@ -222,7 +222,7 @@ async fn a_running_plugin_serves_them_over_http() -> anyhow::Result<()> {
     std::fs::write(&telemetry, TELEMETRY)?;
     let plugin = Arc::new(TesseraPlugin::new(PluginConfig {
         node: "n".into(),
-        keys: SigningKeys::from_dir(&keys)?,
+        keys: VerifyingKeys::from_dir(&keys)?,
         cdi_dirs: vec![],
         enforcement: ShareEnforcement::Mps,
         mps: MpsLayout::new(dir.path().join("mps")),

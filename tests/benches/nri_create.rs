@@ -121,7 +121,7 @@ async fn bench(version: Version) -> anyhow::Result<()> {
         cdi.extend(measure(&mut c, &format!("cdi-{round}"), Gpu::Cdi, &keys, &uuid, per).await?);
         let plugin = Arc::new(TesseraPlugin::new(PluginConfig {
             node: "node-a".into(),
-            keys: keys.clone(),
+            keys: keys.verifying(),
             cdi_dirs: vec![c.cdi_dir()],
             enforcement: tessera_core::enforcement::ShareEnforcement::None,
             mps: Default::default(),
@@ -168,7 +168,7 @@ async fn bench(version: Version) -> anyhow::Result<()> {
     // in-process, without the runtime or the transport.
     let plugin = TesseraPlugin::new(PluginConfig {
         node: "node-a".into(),
-        keys: keys.clone(),
+        keys: keys.verifying(),
         cdi_dirs: vec![c.cdi_dir()],
         enforcement: tessera_core::enforcement::ShareEnforcement::None,
         mps: Default::default(),

@@ -204,11 +204,38 @@ mod tessera {
             .collect();
         let out = c.apply(&applied.join("\n---\n"))?;
         assert!(!out.contains("Warning"), "the manifests draw warnings: {out}");
-        // The hand-off key, as the README creates it.
-        let keys_dir = c.dir().join("keys");
-        std::fs::create_dir_all(&keys_dir)?;
+        // The hand-off keys, as the README makes them: an Ed25519 key with OpenSSL, the
+        // private one for the extender, the public one for the nodes.
+        let (keys_dir, public_dir) = (c.dir().join("keys"), c.dir().join("public-keys"));
+        for d in [&keys_dir, &public_dir] {
+            std::fs::create_dir_all(d)?;
+        }
+        let (private, public) = (keys_dir.join("k1"), public_dir.join("k1"));
+        for args in [
+            vec![
+                "genpkey",
+                "-algorithm",
+                "ed25519",
+                "-out",
+                private.to_str().unwrap_or_default(),
+            ],
+            vec![
+                "pkey",
+                "-in",
+                private.to_str().unwrap_or_default(),
+                "-pubout",
+                "-out",
+                public.to_str().unwrap_or_default(),
+            ],
+        ] {
+            let out = std::process::Command::new("openssl").args(&args).output()?;
+            anyhow::ensure!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         std::fs::write(keys_dir.join("active"), "k1")?;
-        std::fs::write(keys_dir.join("k1"), [7u8; 32])?;
         c.kubectl_ok(&[
             "-n",
             NS,
@@ -217,7 +244,16 @@ mod tessera {
             "generic",
             manifests::KEYS_SECRET,
             "--from-literal=active=k1",
-            &format!("--from-file=k1={}", keys_dir.join("k1").display()),
+            &format!("--from-file=k1={}", private.display()),
+        ])?;
+        c.kubectl_ok(&[
+            "-n",
+            NS,
+            "create",
+            "secret",
+            "generic",
+            manifests::PUBLIC_KEYS_SECRET,
+            &format!("--from-file=k1={}", public.display()),
         ])?;
         c.kubectl_ok(&["label", "node", NODE, "tessera.io/gpu-node=true"])?;
 
@@ -238,7 +274,7 @@ mod tessera {
         let node_sets: Vec<(&str, String)> = vec![
             ("--host-root", "/".to_string()),
             ("--cdi-dir", c.cdi_dir().display().to_string()),
-            ("--keys-dir", keys_dir.display().to_string()),
+            ("--keys-dir", public_dir.display().to_string()),
             ("--socket", c.nri_socket().display().to_string()),
             ("--proc-root", "/proc".to_string()),
             ("--metrics-listen", "127.0.0.1:9403".to_string()),

@@ -64,7 +64,7 @@ impl Env {
     fn plugin(&self) -> Arc<TesseraPlugin> {
         Arc::new(TesseraPlugin::new(PluginConfig {
             node: NODE.into(),
-            keys: self.keys.clone(),
+            keys: self.keys.verifying(),
             cdi_dirs: vec![self.c.cdi_dir()],
             enforcement: tessera_core::enforcement::ShareEnforcement::None,
             mps: Default::default(),

@@ -12,7 +12,7 @@ use thiserror::Error;
 use crate::mig::MigProfile;
 use crate::request::ContainerRole;
 
-pub use keys::{KeyError, MIN_KEY_BYTES, SignedAllocation, SigningKeys};
+pub use keys::{KeyError, MIN_KEY_BYTES, SignedAllocation, SigningKeys, VerifyingKeys};
 
 /// Version of the allocation format this build writes and reads.
 pub const ALLOCATION_VERSION: u32 = 1;
@@ -220,9 +220,9 @@ pub enum HandoffError {
     /// The allocation is present but unsigned.
     #[error("{} is missing", crate::names::ANNOTATION_ALLOCATION_SIGNATURE)]
     MissingSignature,
-    /// The signature annotation is not `v1.<key id>.<mac>`.
+    /// The signature annotation is not `v1.<key id>.<mac>` or `v2.<key id>.<signature>`.
     #[error(
-        "{}={value:?} is not of the form v1.<key id>.<mac>",
+        "{}={value:?} is not of the form v1.<key id>.<mac> or v2.<key id>.<signature>",
         crate::names::ANNOTATION_ALLOCATION_SIGNATURE
     )]
     MalformedSignature { value: String },

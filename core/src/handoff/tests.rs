@@ -189,6 +189,138 @@ fn a_binary_key_ending_in_a_line_end_keeps_every_byte() {
     }
 }
 
+/// An Ed25519 key as `openssl genpkey -algorithm ed25519` writes it, and its public half as
+/// `openssl pkey -pubout` does (test data, generated once with OpenSSL 3.0).
+const OPENSSL_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----
+MC4CAQAwBQYDK2VwBCIEIFOp+9r1vMK0O26nlPQZlcwHt0NeIp86Z8YsUicBqsCW
+-----END PRIVATE KEY-----
+";
+const OPENSSL_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----
+MCowBQYDK2VwAyEA08aWN5LIdbKCx0D+TD4GJ9t0rC0XafHceh6LUkdbq3M=
+-----END PUBLIC KEY-----
+";
+
+fn dir_of(files: &[(&str, &[u8])]) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for (name, bytes) in files {
+        std::fs::write(d.path().join(name), bytes).unwrap();
+    }
+    d
+}
+
+/// The extender signs with OpenSSL's private key; a node holding only the public key verifies
+/// it, and cannot sign: no key set that would sign can be made of it, and a MAC made with the
+/// public key's bytes as a secret (what a node could try) does not verify.
+#[test]
+fn ed25519_keys_sign_on_the_extender_and_only_verify_on_nodes() {
+    let extender = dir_of(&[("active", b"k2\n"), ("k2", OPENSSL_PRIVATE.as_bytes())]);
+    let node = dir_of(&[("k2", OPENSSL_PUBLIC.as_bytes())]);
+    let signing = SigningKeys::from_dir(extender.path()).unwrap();
+    let verifying = VerifyingKeys::from_dir(node.path()).unwrap();
+    let a = sample();
+    let s = signing.sign(&a);
+    assert!(s.signature.starts_with("v2.k2."), "{}", s.signature);
+    let check = |k: &VerifyingKeys, sig: &str| k.verify(Some(&s.allocation), Some(sig), &a.node, &a.pod_uid);
+    assert_eq!(check(&verifying, &s.signature).unwrap(), a);
+    assert_eq!(check(&signing.verifying(), &s.signature).unwrap(), a);
+    // Altered: refused.
+    let mut altered = s.signature.clone();
+    altered.replace_range(altered.len() - 2.., if altered.ends_with("AA") { "AB" } else { "AA" });
+    assert!(matches!(
+        check(&verifying, &altered),
+        Err(HandoffError::BadSignature { .. })
+    ));
+    // The node cannot sign: its key set has no signer, even with an `active` file.
+    let with_active = dir_of(&[("active", b"k2"), ("k2", OPENSSL_PUBLIC.as_bytes())]);
+    assert!(matches!(
+        SigningKeys::from_dir(with_active.path()),
+        Err(KeyError::CannotSign(id)) if id == "k2"
+    ));
+    // A v1 MAC keyed with what the node holds (the PEM, or the raw public key) is refused.
+    use base64::Engine as _;
+    let body: String = OPENSSL_PUBLIC.lines().filter(|l| !l.starts_with("-----")).collect();
+    let raw = base64::engine::general_purpose::STANDARD.decode(body).unwrap()[12..].to_vec();
+    for secret in [OPENSSL_PUBLIC.as_bytes().to_vec(), raw] {
+        use hmac::Mac as _;
+        let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(&secret).unwrap();
+        m.update(b"tessera.io/allocation\n");
+        m.update(s.allocation.as_bytes());
+        let forged = format!(
+            "v1.k2.{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(m.finalize().into_bytes())
+        );
+        assert!(matches!(
+            verifying.verify(Some(&s.allocation), Some(&forged), &a.node, &a.pod_uid),
+            Err(HandoffError::BadSignature { .. })
+        ));
+    }
+    // Nor does a v2 signature of the right length from another key.
+    let other = SigningKeys::new(
+        "k2",
+        [(
+            "k2".to_string(),
+            OPENSSL_PRIVATE.replace("MC4CAQAw", "MC4CAQAx").into_bytes(),
+        )],
+    );
+    assert!(other.is_err(), "a corrupted PKCS#8 is refused: {other:?}");
+    // Unknown PEM blocks are refused naming the key.
+    let e = VerifyingKeys::new([(
+        "k3".to_string(),
+        b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec(),
+    )])
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("\"k3\"") && e.to_string().contains("CERTIFICATE"),
+        "{e}"
+    );
+}
+
+/// Moving an install from HMAC to Ed25519: during the rollout the nodes hold the old secret
+/// and the new public key, and verify both kinds; a kind never verifies with the other's key.
+#[test]
+fn during_the_move_from_hmac_both_kinds_verify() {
+    let old = SigningKeys::new("k1", [("k1".to_string(), vec![7u8; 32])]).unwrap();
+    let new = SigningKeys::new(
+        "k2",
+        [
+            ("k1".to_string(), vec![7u8; 32]),
+            ("k2".to_string(), OPENSSL_PRIVATE.as_bytes().to_vec()),
+        ],
+    )
+    .unwrap();
+    let node = VerifyingKeys::new([
+        ("k1".to_string(), vec![7u8; 32]),
+        ("k2".to_string(), OPENSSL_PUBLIC.as_bytes().to_vec()),
+    ])
+    .unwrap();
+    let a = sample();
+    for signed in [old.sign(&a), new.sign(&a)] {
+        assert_eq!(
+            node.verify(Some(&signed.allocation), Some(&signed.signature), &a.node, &a.pod_uid)
+                .unwrap(),
+            a
+        );
+        assert_eq!(
+            new.verify(Some(&signed.allocation), Some(&signed.signature), &a.node, &a.pod_uid)
+                .unwrap(),
+            a
+        );
+    }
+    // A v2 signature naming the HMAC key, a v1 MAC naming the Ed25519 key: refused.
+    let s = new.sign(&a);
+    let swapped = s.signature.replacen("v2.k2.", "v2.k1.", 1);
+    assert!(
+        node.verify(Some(&s.allocation), Some(&swapped), &a.node, &a.pod_uid)
+            .is_err()
+    );
+    let m = old.sign(&a);
+    let swapped = m.signature.replacen("v1.k1.", "v1.k2.", 1);
+    assert!(
+        node.verify(Some(&m.allocation), Some(&swapped), &a.node, &a.pod_uid)
+            .is_err()
+    );
+}
+
 fn arb_device() -> impl Strategy<Value = AllocatedDevice> {
     prop_oneof![
         ("[a-f0-9]{8}", 0u32..16, 1u32..=100, 1u64..100_000, any::<bool>()).prop_map(|(u, i, c, m, ex)| {

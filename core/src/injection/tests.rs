@@ -1,5 +1,5 @@
 use super::*;
-use crate::handoff::ContainerAllocation;
+use crate::handoff::{ContainerAllocation, SigningKeys};
 use crate::request::ContainerRole;
 
 fn keys() -> SigningKeys {
@@ -56,7 +56,7 @@ fn ready(_: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn ctx(k: &SigningKeys, mps: bool) -> NodeContext<'_> {
+fn ctx(k: &VerifyingKeys, mps: bool) -> NodeContext<'_> {
     NodeContext {
         node: "node-a",
         keys: k,
@@ -72,6 +72,7 @@ fn ctx(k: &SigningKeys, mps: bool) -> NodeContext<'_> {
 #[test]
 fn shares_get_limits_and_whole_cards_do_not() {
     let k = keys();
+    let v = k.verifying();
     let p = pod(
         vec![
             ("s", vec![share("GPU-1", 30, 8192)]),
@@ -80,7 +81,7 @@ fn shares_get_limits_and_whole_cards_do_not() {
         Some(50),
     );
     let Injection::Grant(g) = decide(
-        &ctx(&k, true),
+        &ctx(&v, true),
         "uid-1",
         &p,
         "s",
@@ -97,7 +98,7 @@ fn shares_get_limits_and_whole_cards_do_not() {
     assert_eq!(g.env["CUDA_VISIBLE_DEVICES"], "GPU-1");
     assert_eq!(g.env["NVIDIA_VISIBLE_DEVICES"], "void");
     assert_eq!(g.enforced_by, Some(ShareEnforcement::Mps));
-    let Injection::Grant(g) = decide(&ctx(&k, false), "uid-1", &p, "w", &asked(&[("gpu-core", "200")])).unwrap() else {
+    let Injection::Grant(g) = decide(&ctx(&v, false), "uid-1", &p, "w", &asked(&[("gpu-core", "200")])).unwrap() else {
         panic!()
     };
     assert_eq!(g.cdi_devices, vec!["tessera.io/gpu=GPU-2", "tessera.io/gpu=GPU-3"]);
@@ -109,6 +110,7 @@ fn shares_get_limits_and_whole_cards_do_not() {
 #[test]
 fn mps_nodes_refuse_a_share_whose_daemon_is_down_and_unenforced_nodes_say_so() {
     let k = keys();
+    let v = k.verifying();
     let p = pod(
         vec![("s", vec![share("GPU-1", 30, 8192)]), ("w", vec![whole("GPU-2")])],
         None,
@@ -117,7 +119,7 @@ fn mps_nodes_refuse_a_share_whose_daemon_is_down_and_unenforced_nodes_say_so() {
     let down = |uuid: &str| Err(format!("the MPS daemon of {uuid} is restarting"));
     let c = NodeContext {
         share_ready: &down,
-        ..ctx(&k, true)
+        ..ctx(&v, true)
     };
     let e = decide(&c, "uid-1", &p, "s", &a).unwrap_err();
     assert_eq!(
@@ -127,7 +129,7 @@ fn mps_nodes_refuse_a_share_whose_daemon_is_down_and_unenforced_nodes_say_so() {
     // A whole card on the same node does not need the daemon.
     assert!(decide(&c, "uid-1", &p, "w", &asked(&[("gpu-core", "100")])).is_ok());
     // A node configured to run shares unenforced: granted, marked, no MPS variables.
-    let Injection::Grant(g) = decide(&ctx(&k, false), "uid-1", &p, "s", &a).unwrap() else {
+    let Injection::Grant(g) = decide(&ctx(&v, false), "uid-1", &p, "s", &a).unwrap() else {
         panic!()
     };
     assert_eq!(g.enforced_by, Some(ShareEnforcement::None));
@@ -138,19 +140,20 @@ fn mps_nodes_refuse_a_share_whose_daemon_is_down_and_unenforced_nodes_say_so() {
 #[test]
 fn deny_by_default_and_refusals() {
     let k = keys();
+    let v = k.verifying();
     let p = pod(vec![("s", vec![share("GPU-1", 30, 8192)])], None);
     // A container that asked for nothing gets nothing, with or without an allocation.
     assert_eq!(
-        decide(&ctx(&k, false), "uid-1", &p, "sidecar", &BTreeMap::new()).unwrap(),
+        decide(&ctx(&v, false), "uid-1", &p, "sidecar", &BTreeMap::new()).unwrap(),
         Injection::Deny
     );
     assert_eq!(
-        decide(&ctx(&k, false), "uid-1", &BTreeMap::new(), "x", &BTreeMap::new()).unwrap(),
+        decide(&ctx(&v, false), "uid-1", &BTreeMap::new(), "x", &BTreeMap::new()).unwrap(),
         Injection::Deny
     );
     let a = asked(&[("gpu-core", "30")]);
     // Asked, but the allocation is missing / for another pod / node / forged.
-    let e = decide(&ctx(&k, false), "uid-1", &BTreeMap::new(), "s", &a).unwrap_err();
+    let e = decide(&ctx(&v, false), "uid-1", &BTreeMap::new(), "s", &a).unwrap_err();
     assert!(
         matches!(
             e,
@@ -161,7 +164,7 @@ fn deny_by_default_and_refusals() {
         ),
         "{e}"
     );
-    let e = decide(&ctx(&k, false), "uid-2", &p, "s", &a).unwrap_err();
+    let e = decide(&ctx(&v, false), "uid-2", &p, "s", &a).unwrap_err();
     assert!(
         matches!(
             e,
@@ -174,7 +177,7 @@ fn deny_by_default_and_refusals() {
     );
     let other_node = NodeContext {
         node: "node-b",
-        ..ctx(&k, false)
+        ..ctx(&v, false)
     };
     assert!(matches!(
         decide(&other_node, "uid-1", &p, "s", &a),
@@ -188,21 +191,21 @@ fn deny_by_default_and_refusals() {
         ANNOTATION_ALLOCATION.into(),
         p[ANNOTATION_ALLOCATION].replace("\"core_percent\":30", "\"core_percent\":90"),
     );
-    let e = decide(&ctx(&k, false), "uid-1", &forged, "s", &a).unwrap_err();
+    let e = decide(&ctx(&v, false), "uid-1", &forged, "s", &a).unwrap_err();
     assert!(e.to_string().contains("forged"), "{e}");
     // Asked, but not in the allocation; in the allocation, but not asked.
     assert!(matches!(
-        decide(&ctx(&k, false), "uid-1", &p, "other", &a),
+        decide(&ctx(&v, false), "uid-1", &p, "other", &a),
         Err(InjectionError::NotAllocated { .. })
     ));
     // Amounts differ.
-    let e = decide(&ctx(&k, false), "uid-1", &p, "s", &asked(&[("gpu-core", "40")])).unwrap_err();
+    let e = decide(&ctx(&v, false), "uid-1", &p, "s", &asked(&[("gpu-core", "40")])).unwrap_err();
     assert_eq!(
         e.to_string(),
         "container \"s\": the kubelet allocated tessera.io/gpu-core=40 but the allocation gives 30"
     );
     let e = decide(
-        &ctx(&k, false),
+        &ctx(&v, false),
         "uid-1",
         &p,
         "s",
@@ -215,6 +218,7 @@ fn deny_by_default_and_refusals() {
 #[test]
 fn mig_counts_per_profile() {
     let k = keys();
+    let v = k.verifying();
     let mig = |u: &str| AllocatedDevice::Mig {
         uuid: u.into(),
         profile: "1g.5gb".parse().unwrap(),
@@ -225,13 +229,13 @@ fn mig_counts_per_profile() {
     };
     let p = pod(vec![("m", vec![mig("MIG-1"), mig("MIG-2")])], None);
     let a = asked(&[("mig-1g.5gb", "2"), ("mig-1g.5gb.ids", "MIG-9,MIG-8")]);
-    let Injection::Grant(g) = decide(&ctx(&k, false), "uid-1", &p, "m", &a).unwrap() else {
+    let Injection::Grant(g) = decide(&ctx(&v, false), "uid-1", &p, "m", &a).unwrap() else {
         panic!()
     };
     assert_eq!(g.cdi_devices, vec!["tessera.io/gpu=MIG-1", "tessera.io/gpu=MIG-2"]);
     assert_eq!(g.env["CUDA_VISIBLE_DEVICES"], "MIG-1,MIG-2");
-    assert!(decide(&ctx(&k, false), "uid-1", &p, "m", &asked(&[("mig-1g.5gb", "1")])).is_err());
-    assert!(decide(&ctx(&k, false), "uid-1", &p, "m", &asked(&[("mig-2g.10gb", "2")])).is_err());
+    assert!(decide(&ctx(&v, false), "uid-1", &p, "m", &asked(&[("mig-1g.5gb", "1")])).is_err());
+    assert!(decide(&ctx(&v, false), "uid-1", &p, "m", &asked(&[("mig-2g.10gb", "2")])).is_err());
 }
 
 #[test]
