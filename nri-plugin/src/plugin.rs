@@ -11,7 +11,7 @@ use tessera_core::enforcement::{
     HOOK_AGENT_IN_CONTAINER, HOOK_CONFIG_IN_CONTAINER, HOOK_STATE_IN_CONTAINER, HookLayout, MpsCeiling, MpsLayout,
     ShareEnforcement, ShareLimits,
 };
-use tessera_core::handoff::{HandoffError, VerifyingKeys};
+use tessera_core::handoff::{AllocatedDevice, HandoffError, VerifyingKeys};
 use tessera_core::injection::{self, ANNOTATION_INJECTED, Injection, NodeContext};
 use tessera_proto::nri::api;
 use tessera_proto::nri::api_ttrpc::Plugin;
@@ -229,7 +229,11 @@ impl TesseraPlugin {
                             container.name, grant.cdi_devices
                         )
                     })?;
-                self.injected.lock().expect("not poisoned").insert(
+                let mut injected = self.injected.lock().expect("not poisoned");
+                if let Some(e) = double_grant(&injected, pod, &container.name, &grant.devices) {
+                    return Err(e);
+                }
+                injected.insert(
                     container.id.clone(),
                     Tracked {
                         uuids: grant.uuids.join(","),
@@ -244,6 +248,7 @@ impl TesseraPlugin {
                             .filter(|_| grant.enforced_by == Some(ShareEnforcement::Mps)),
                     },
                 );
+                drop(injected);
                 if grant.enforced_by == Some(ShareEnforcement::Mps)
                     && let Some(limits) = &grant.share
                 {
@@ -383,6 +388,46 @@ fn mps_share_of(c: &api::Container) -> Option<ShareLimits> {
 
 /// What a running container was given, from its annotations or, as runtimes report them in
 /// Synchronize, from the env Tessera set (`CUDA_VISIBLE_DEVICES` with device UUIDs).
+/// Why a grant of `devices` to a container of `pod` would hand out a device that a live
+/// container of another pod holds on this node: a whole card held by anyone, a card held whole,
+/// or the same MIG device. The extender never books that; a node that sees it (books gone
+/// wrong, a replayed or forged record) refuses rather than share an exclusive device. A pod's
+/// own containers may reuse its cards (an init container's card, once it has finished).
+fn double_grant(
+    live: &HashMap<String, Tracked>,
+    pod: &api::PodSandbox,
+    container: &str,
+    devices: &[AllocatedDevice],
+) -> Option<String> {
+    for (held, t) in live.iter().filter(|(_, t)| !t.stopped) {
+        if t.namespace == pod.namespace && t.pod == pod.name && !t.pod.is_empty() {
+            continue;
+        }
+        let held_uuids: Vec<&str> = t.uuids.split(',').filter(|u| !u.is_empty()).collect();
+        for d in devices {
+            let (uuid, exclusive) = match d {
+                AllocatedDevice::Gpu { uuid, exclusive, .. } => (uuid.as_str(), *exclusive),
+                AllocatedDevice::Mig { uuid, .. } => (uuid.as_str(), true),
+            };
+            let held_whole = t
+                .devices
+                .iter()
+                .any(|h| matches!(h, AllocatedDevice::Gpu { uuid: u, exclusive: true, .. } if u == uuid));
+            if held_uuids.contains(&uuid) && (exclusive || held_whole) {
+                return Some(format!(
+                    "container {container:?}: {uuid} is held by container {} of pod {}/{} ({held}) on this node{}; \
+                     refusing a second grant of it (the extender's books and this node disagree)",
+                    t.container,
+                    t.namespace,
+                    t.pod,
+                    if held_whole { " as a whole card" } else { "" },
+                ));
+            }
+        }
+    }
+    None
+}
+
 fn injected_of(c: &api::Container) -> Option<String> {
     if let Some(v) = c.annotations.get(ANNOTATION_INJECTED) {
         return Some(v.clone());
@@ -672,6 +717,77 @@ mod tests {
                 .iter()
                 .any(|d| d.path == format!("/dev/nvidia{}", g.minor))
         );
+    }
+
+    /// A card a live container of one pod holds whole is granted to no other pod, even on a
+    /// validly signed record (books gone wrong, a replayed signature): refused, naming the
+    /// holder; a share is not put on it either; two shares may share a card; once the holder
+    /// has stopped, the card is granted again.
+    #[test]
+    fn a_card_held_whole_is_granted_to_no_other_pod() {
+        use tessera_cdi_generator::spec::{self, SpecOptions};
+        use tessera_core::handoff::{Allocation, ContainerAllocation, SigningKeys};
+        use tessera_core::inventory::{FixtureSource, InventorySource};
+        use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
+
+        let dir = tempfile::tempdir().unwrap();
+        let inv = FixtureSource::new("h100x8").discover().unwrap();
+        let (_, text) = spec::render(&inv, &SpecOptions::default()).unwrap();
+        std::fs::write(dir.path().join("tessera.io-gpu.json"), text).unwrap();
+        let keys = SigningKeys::new("k", [("k".into(), vec![5u8; 32])]).unwrap();
+        let plugin = TesseraPlugin::new(PluginConfig {
+            node: "n".into(),
+            keys: keys.verifying(),
+            cdi_dirs: vec![dir.path().to_path_buf()],
+            enforcement: ShareEnforcement::None,
+            mps: MpsLayout::default(),
+            hook: HookLayout::default(),
+        });
+        let g = &inv.gpus[0];
+        let create = |name: &str, device: AllocatedDevice, core: &str| {
+            let uid = format!("uid-{name}");
+            let mut a = Allocation::new("n", &uid);
+            a.containers.push(ContainerAllocation {
+                name: "c".into(),
+                role: tessera_core::request::ContainerRole::App,
+                devices: vec![device],
+            });
+            let signed = keys.sign(&a);
+            let mut pod = api::PodSandbox::new();
+            pod.uid = uid;
+            pod.name = name.into();
+            pod.namespace = format!("team-{name}");
+            pod.annotations.insert(ANNOTATION_ALLOCATION.into(), signed.allocation);
+            pod.annotations
+                .insert(ANNOTATION_ALLOCATION_SIGNATURE.into(), signed.signature);
+            let mut ctr = api::Container::new();
+            ctr.name = "c".into();
+            ctr.id = format!("ctr-{name}");
+            ctr.annotations
+                .insert("tessera.io/allocated.gpu-core".into(), core.into());
+            if core != "100" {
+                ctr.annotations
+                    .insert("tessera.io/allocated.gpu-memory".into(), "4".into());
+            }
+            plugin.adjust(&pod, &ctr)
+        };
+        create("first", AllocatedDevice::whole(g), "100").unwrap();
+        let err = create("second", AllocatedDevice::whole(g), "100").unwrap_err();
+        assert!(
+            err.contains(&g.uuid) && err.contains("team-first/first") && err.contains("refusing a second grant"),
+            "{err}"
+        );
+        let err = create("third", AllocatedDevice::share(g, 30, 4096), "30").unwrap_err();
+        assert!(err.contains("as a whole card"), "{err}");
+        // Shares side by side on another card.
+        let other = &inv.gpus[1];
+        create("s1", AllocatedDevice::share(other, 30, 4096), "30").unwrap();
+        create("s2", AllocatedDevice::share(other, 30, 4096), "30").unwrap();
+        // A whole card over live shares: refused too.
+        assert!(create("w", AllocatedDevice::whole(other), "100").is_err());
+        // The holder stops: its card is free on this node.
+        plugin.stopped("ctr-first");
+        create("second", AllocatedDevice::whole(g), "100").unwrap();
     }
 
     #[test]
