@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// Largest request body, bytes (a `Nodes` list of a big cluster is large).
     #[arg(long, default_value_t = 64 << 20)]
     max_body_bytes: usize,
+    /// Connections each listener (the verbs', the webhook's) serves at once; more wait. A
+    /// connection gets 10 s for its TLS handshake and 10 s for each request's headers.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    max_connections: u64,
     /// Serve HTTPS with this PEM certificate chain (with --tls-key).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -155,6 +159,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 _ => None,
             },
             claims: !args.no_claims,
+            limits: tessera_extender::service::tls::ListenerLimits {
+                connections: args.max_connections as usize,
+                ..Default::default()
+            },
             webhook: (!args.no_claims && !args.no_webhook).then(|| WebhookConfig {
                 listen: args.webhook_listen,
                 tls: match args.webhook_cert.clone().zip(args.webhook_key.clone()) {

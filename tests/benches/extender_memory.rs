@@ -148,6 +148,7 @@ fn child(url: &str, ready: &Path) -> anyhow::Result<()> {
                     tls: None,
                     claims: true,
                     webhook: None,
+                    limits: Default::default(),
                 },
             )
             .await?;

@@ -175,6 +175,7 @@ pub async fn start_replica(api: &FakeApiServer, opts: ReplicaOptions) -> anyhow:
             tls: None,
             claims: true,
             webhook: opts.webhook.clone(),
+            limits: Default::default(),
         },
     )
     .await?;

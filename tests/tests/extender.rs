@@ -612,6 +612,7 @@ async fn serves_https_with_the_given_certificate() -> anyhow::Result<()> {
             }),
             claims: false,
             webhook: None,
+            limits: Default::default(),
         },
     )
     .await?;
@@ -1332,6 +1333,7 @@ async fn verbs_answer_only_the_schedulers_client_certificate() -> anyhow::Result
                 client_ca: Some(dir.path().join("ca.crt")),
             }),
             claims: false,
+            limits: Default::default(),
             webhook: None,
         },
     )
@@ -1374,5 +1376,106 @@ async fn verbs_answer_only_the_schedulers_client_certificate() -> anyhow::Result
         api.pod("default", "web").and_then(|p| p.spec?.node_name).as_deref(),
         Some("t1")
     );
+    Ok(())
+}
+
+/// A client that connects and trickles (or never sends) its headers, or never finishes its TLS
+/// handshake, is dropped after the listener's limit; at most `connections` are served at
+/// once, so such clients can delay a request but not starve it or grow the extender's
+/// memory without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listeners_drop_slow_clients_and_bound_connections() -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use std::time::Instant;
+    use tessera_extender::service::tls::ListenerLimits;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let api = FakeApiServer::start().await?;
+    let limits = ListenerLimits {
+        handshake: Duration::from_millis(400),
+        header_read: Duration::from_millis(400),
+        connections: 2,
+    };
+    let start = |tls: Option<tessera_extender::service::VerbTls>| {
+        let cluster = Arc::new(tessera_extender::service::cluster::Cluster::new(
+            Default::default(),
+            keys(),
+            Default::default(),
+        ));
+        let client = api.client();
+        async move {
+            tessera_extender::service::start(
+                client?,
+                cluster,
+                tessera_extender::service::ServiceConfig {
+                    listen: "127.0.0.1:0".parse()?,
+                    prefix: PREFIX.into(),
+                    body_limit: 1 << 20,
+                    lease: None,
+                    tls,
+                    claims: false,
+                    webhook: None,
+                    limits,
+                },
+            )
+            .await
+        }
+    };
+    // Closed by the server: the read ends (0 bytes or an error) before `within`.
+    async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> bool {
+        let mut buf = [0u8; 256];
+        loop {
+            match tokio::time::timeout(within, s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+    // Plain HTTP: headers trickled, never finished.
+    let plain = start(None).await?;
+    let mut slow = tokio::net::TcpStream::connect(plain.addr).await?;
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await?;
+    let t = Instant::now();
+    assert!(
+        closed_within(&mut slow, Duration::from_secs(5)).await,
+        "a trickling client was kept"
+    );
+    assert!(t.elapsed() >= Duration::from_millis(300), "{:?}", t.elapsed());
+    // Both slots taken by silent clients: a good request waits for one to be dropped, then
+    // is answered.
+    let (mut a, mut b) = (
+        tokio::net::TcpStream::connect(plain.addr).await?,
+        tokio::net::TcpStream::connect(plain.addr).await?,
+    );
+    a.write_all(b"GET").await?;
+    b.write_all(b"GET").await?;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t = Instant::now();
+    assert_eq!(JsonClient::new(plain.addr).get_status("/healthz").await?, 200);
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "answered beside two busy slots: {:?}",
+        t.elapsed()
+    );
+    assert!(closed_within(&mut a, Duration::from_secs(5)).await && closed_within(&mut b, Duration::from_secs(5)).await);
+
+    // TLS: a client that never starts its handshake.
+    let dir = tempfile::tempdir()?;
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
+    std::fs::write(dir.path().join("tls.crt"), cert.cert.pem())?;
+    std::fs::write(dir.path().join("tls.key"), cert.signing_key.serialize_pem())?;
+    let tls = start(Some(tessera_extender::service::VerbTls::Files {
+        cert: dir.path().join("tls.crt"),
+        key: dir.path().join("tls.key"),
+        client_ca: None,
+    }))
+    .await?;
+    let mut silent = tokio::net::TcpStream::connect(tls.addr).await?;
+    let t = Instant::now();
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(5)).await,
+        "a silent TLS client was kept"
+    );
+    assert!(t.elapsed() >= Duration::from_millis(300), "{:?}", t.elapsed());
     Ok(())
 }

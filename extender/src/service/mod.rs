@@ -74,6 +74,8 @@ pub struct ServiceConfig {
     pub claims: bool,
     /// Serve the claims' admission webhook (needs `claims`).
     pub webhook: Option<WebhookConfig>,
+    /// What each listener (the verbs', the webhook's) takes.
+    pub limits: tls::ListenerLimits,
 }
 
 /// The verbs' certificates.
@@ -276,19 +278,25 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
     let app = http::router(service.clone(), &cfg.prefix, cfg.body_limit, verified_only);
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
     let addr = listener.local_addr()?;
-    let server = match acceptor {
-        None => {
-            tracing::warn!("serving the verbs over plain HTTP to anyone who reaches the port");
-            let stop = stop_rx.clone();
-            tokio::spawn(async move {
-                let _ = axum::serve(listener, app).with_graceful_shutdown(stop).await;
-            })
-        }
-        Some((acceptor, _)) => tokio::spawn(tls::serve(listener, acceptor, app, stop_rx.clone())),
-    };
+    if acceptor.is_none() {
+        tracing::warn!("serving the verbs over plain HTTP to anyone who reaches the port");
+    }
+    let server = tokio::spawn(tls::serve(
+        listener,
+        acceptor.map(|(a, _)| a),
+        app,
+        cfg.limits,
+        stop_rx.clone(),
+    ));
     tasks.push(server);
     let webhook_addr = webhook_server.map(|(addr, listener, acceptor, router)| {
-        tasks.push(tokio::spawn(tls::serve(listener, acceptor, router, stop_rx.clone())));
+        tasks.push(tokio::spawn(tls::serve(
+            listener,
+            Some(acceptor),
+            router,
+            cfg.limits,
+            stop_rx.clone(),
+        )));
         addr
     });
     Ok(Running {

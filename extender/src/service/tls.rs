@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
@@ -62,15 +63,45 @@ pub fn acceptor_from_pem(cert: &[u8], key: &[u8], client_ca: Option<&[u8]>) -> a
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Serves `app` over TLS until `stop` resolves.
+/// What one listener takes: a connection gets `handshake` to finish TLS and `header_read` to
+/// send a request's headers (a client that trickles them is dropped), and at most
+/// `connections` are served at once (the next waits to be accepted).
+#[derive(Debug, Clone, Copy)]
+pub struct ListenerLimits {
+    /// Time for the TLS handshake.
+    pub handshake: Duration,
+    /// Time for a request's headers.
+    pub header_read: Duration,
+    /// Connections served at once.
+    pub connections: usize,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        Self {
+            handshake: Duration::from_secs(10),
+            header_read: Duration::from_secs(10),
+            connections: 64,
+        }
+    }
+}
+
+/// Serves `app` until `stop` resolves: over TLS with `acceptor`, else plain HTTP, within
+/// `limits`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    acceptor: TlsAcceptor,
+    acceptor: Option<TlsAcceptor>,
     app: Router,
+    limits: ListenerLimits,
     stop: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(stop);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections.max(1)));
     loop {
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => s.expect("the semaphore is never closed"),
+            _ = &mut stop => return,
+        };
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(c) => c,
@@ -84,19 +115,34 @@ pub async fn serve(
         let acceptor = acceptor.clone();
         let app = app.clone();
         tokio::spawn(async move {
-            let tls = match acceptor.accept(tcp).await {
-                Ok(s) => s,
-                Err(e) => {
-                    debug!(%peer, error = %e, "TLS handshake");
-                    return;
+            let _slot = slot;
+            let mut http = auto::Builder::new(TokioExecutor::new());
+            http.http1()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_read);
+            let served = match acceptor {
+                None => {
+                    let svc = TowerToHyperService::new(app.layer(axum::Extension(ClientCert(false))));
+                    http.serve_connection(TokioIo::new(tcp), svc).await
+                }
+                Some(acceptor) => {
+                    let tls = match tokio::time::timeout(limits.handshake, acceptor.accept(tcp)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            debug!(%peer, error = %e, "TLS handshake");
+                            return;
+                        }
+                        Err(_) => {
+                            debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let presented = tls.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
+                    let svc = TowerToHyperService::new(app.layer(axum::Extension(ClientCert(presented))));
+                    http.serve_connection(TokioIo::new(tls), svc).await
                 }
             };
-            let presented = tls.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
-            let svc = TowerToHyperService::new(app.layer(axum::Extension(ClientCert(presented))));
-            if let Err(e) = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(tls), svc)
-                .await
-            {
+            if let Err(e) = served {
                 debug!(%peer, error = %e, "connection");
             }
         });
