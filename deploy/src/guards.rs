@@ -1,15 +1,17 @@
 //! Admission policies that keep Tessera's own records to Tessera: only the extender's service
 //! account sets or changes a pod's signed allocation (`tessera.io/allocation` and its
-//! signature). A tenant who may update its pods could otherwise drop its allocation from a
-//! restarted extender's books while its node keeps the devices it injected.
+//! signature) — a tenant who may update its pods could otherwise drop its allocation from a
+//! restarted extender's books while its node keeps the devices it injected — and a node agent
+//! changes only its own Node (one node cannot rewrite another's published GPUs).
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
+    MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation,
+    Variable,
 };
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
 
-use super::{EXTENDER, ManifestOptions, meta};
+use super::{EXTENDER, ManifestOptions, NODE, meta};
 
 /// The policy (and its binding) guarding the allocation annotations.
 pub const ALLOCATION_POLICY: &str = "tessera-allocation-annotations";
@@ -74,6 +76,60 @@ pub fn allocation_guard(opts: &ManifestOptions) -> (ValidatingAdmissionPolicy, V
         metadata: meta(ALLOCATION_POLICY, None),
         spec: Some(ValidatingAdmissionPolicyBindingSpec {
             policy_name: Some(ALLOCATION_POLICY.into()),
+            validation_actions: Some(vec!["Deny".into()]),
+            ..Default::default()
+        }),
+    };
+    (policy, binding)
+}
+
+/// The policy (and its binding) keeping each node agent to its own Node.
+pub const OWN_NODE_POLICY: &str = "tessera-node-own-node";
+
+/// The node-name a pod's service-account token carries (Kubernetes 1.30 on).
+const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+
+/// The node agents' service account may change a Node only when it is the node its token was
+/// issued on: the token of a pod carries its node's name.
+pub fn own_node_guard(opts: &ManifestOptions) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let agent = format!("system:serviceaccount:{}:{NODE}", opts.namespace);
+    let policy = ValidatingAdmissionPolicy {
+        metadata: meta(OWN_NODE_POLICY, None),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: Some(vec!["".into()]),
+                    api_versions: Some(vec!["v1".into()]),
+                    operations: Some(vec!["UPDATE".into()]),
+                    resources: Some(vec!["nodes".into(), "nodes/status".into()]),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            match_conditions: Some(vec![MatchCondition {
+                name: "tessera-node-agent".into(),
+                expression: format!("request.userInfo.username == '{agent}'"),
+            }]),
+            validations: Some(vec![Validation {
+                expression: format!(
+                    "'{NODE_NAME_EXTRA}' in request.userInfo.extra && \
+                     request.userInfo.extra['{NODE_NAME_EXTRA}'][0] == object.metadata.name"
+                ),
+                message: Some(format!(
+                    "{agent} changes only the Node its token was issued on ({NODE_NAME_EXTRA})"
+                )),
+                reason: Some("Forbidden".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: meta(OWN_NODE_POLICY, None),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(OWN_NODE_POLICY.into()),
             validation_actions: Some(vec!["Deny".into()]),
             ..Default::default()
         }),

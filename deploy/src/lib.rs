@@ -69,7 +69,7 @@ pub const KEYS_SECRET: &str = "tessera-handoff-keys";
 pub const PUBLIC_KEYS_SECRET: &str = "tessera-handoff-public-keys";
 const EXTENDER: &str = "tessera-extender";
 const SCHEDULER: &str = "tessera-scheduler";
-const NODE: &str = "tessera-node";
+pub(crate) const NODE: &str = "tessera-node";
 const EXTENDER_PORT: i32 = 8888;
 /// Where the node DaemonSet serves its GPU metrics (the NRI plugin's `--metrics-listen`).
 const NODE_METRICS_PORT: i32 = 9403;
@@ -307,6 +307,10 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
     push(&cluster_binding(EXTENDER, EXTENDER, EXTENDER, ns));
     // Only the extender writes the signed allocation.
     let (policy, binding) = guards::allocation_guard(opts);
+    push(&policy);
+    push(&binding);
+    // A node agent changes only its own Node.
+    let (policy, binding) = guards::own_node_guard(opts);
     push(&policy);
     push(&binding);
     push(&Role {

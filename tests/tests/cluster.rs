@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use tessera_tests::cluster::Cluster;
+use tessera_tests::cluster::{Cluster, NODE};
 
 const BUSYBOX_POD: &str = r#"apiVersion: v1
 kind: Pod
@@ -120,7 +120,20 @@ mod tessera {
 
     /// A kubeconfig for ServiceAccount `sa` (a token the API server issues).
     fn sa_kubeconfig(c: &Cluster, sa: &str) -> anyhow::Result<PathBuf> {
-        let token = c.kubectl_ok(&["-n", NS, "create", "token", sa, "--duration=2h"])?;
+        let mut args = vec!["-n", NS, "create", "token", sa, "--duration=2h"];
+        // The node agents' token is issued on their node, as a DaemonSet pod's is: it carries
+        // the node's name, which keeps them to their own Node.
+        let (node_name, node_uid);
+        if sa == "tessera-node" {
+            node_name = format!("--bound-object-name={NODE}");
+            node_uid = format!(
+                "--bound-object-uid={}",
+                c.kubectl_ok(&["get", "node", NODE, "-o", "jsonpath={.metadata.uid}"])?
+                    .trim()
+            );
+            args.extend(["--bound-object-kind=Node", &node_name, &node_uid]);
+        }
+        let token = c.kubectl_ok(&args)?;
         let path = c.dir().join(format!("{sa}.kubeconfig"));
         std::fs::write(
             &path,
@@ -570,6 +583,32 @@ async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> a
         );
     }
     c.kubectl_ok(&[tenant, "annotate", "pod", "share", "team=vision"])?;
+    // A node agent changes only its own Node: another node's published GPUs are not its to
+    // rewrite (its token names its node).
+    c.apply(r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "other-node"}}"#)?;
+    let agent = format!("--kubeconfig={}", c.dir().join("tessera-node.kubeconfig").display());
+    let out = c.kubectl(&[
+        &agent,
+        "annotate",
+        "node",
+        "other-node",
+        "--overwrite",
+        "tessera.io/inventory=forged",
+    ])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("tessera-node-own-node"),
+        "another node's annotation: {err}"
+    );
+    c.kubectl_ok(&[
+        &agent,
+        "annotate",
+        "node",
+        NODE,
+        "--overwrite",
+        "tessera.io/checked=yes",
+    ])?;
+    c.kubectl_ok(&["delete", "node", "other-node"])?;
     assert_eq!(
         tessera::allocation(&c, &t.keys_dir, "share")?.containers[0].devices[0].card_uuid(),
         share["CVD"].as_str()
