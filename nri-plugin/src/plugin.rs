@@ -87,6 +87,8 @@ pub struct TesseraPlugin {
     keys: std::sync::RwLock<VerifyingKeys>,
     /// Where the keys come from, re-read when an allocation names a key we lack (rotation).
     keys_dir: Option<PathBuf>,
+    /// What the key directory looked like when its keys were last read.
+    keys_seen: Mutex<Option<KeyDirStamp>>,
     cdi: Mutex<CdiResolver>,
     /// Container id -> what it was given and whose it is.
     injected: Mutex<HashMap<String, Tracked>>,
@@ -115,6 +117,7 @@ impl TesseraPlugin {
         Self {
             keys: std::sync::RwLock::new(config.keys.clone()),
             keys_dir: None,
+            keys_seen: Mutex::new(None),
             config,
             cdi,
             injected: Mutex::new(HashMap::new()),
@@ -124,11 +127,35 @@ impl TesseraPlugin {
         }
     }
 
-    /// Re-reads the keys from `dir` when an allocation is signed with a key not loaded yet, so
-    /// that a key added to the mounted Secret (rotation) is picked up without a restart.
+    /// Re-reads the keys from `dir` when it changed, and when an allocation is signed with a key
+    /// not loaded yet, so that a key added to the mounted Secret (rotation) is picked up, and a
+    /// key removed stops verifying, without a restart.
     pub fn reloading_keys_from(mut self, dir: PathBuf) -> Self {
+        *self.keys_seen.lock().expect("not poisoned") = Some(KeyDirStamp::of(&dir));
         self.keys_dir = Some(dir);
         self
+    }
+
+    /// Reads the keys again, when the directory changed since they were read: a key removed
+    /// from the Secret stops verifying at the next container created after the kubelet
+    /// updated the volume, a key added starts.
+    fn refresh_keys(&self) {
+        let Some(dir) = &self.keys_dir else { return };
+        let now = KeyDirStamp::of(dir);
+        let mut seen = self.keys_seen.lock().expect("not poisoned");
+        if seen.as_ref() == Some(&now) {
+            return;
+        }
+        match VerifyingKeys::from_dir(dir) {
+            Ok(fresh) => {
+                info!(dir = %dir.display(), keys = ?fresh.key_ids().collect::<Vec<_>>(), "the hand-off keys changed: reloaded");
+                *self.keys.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+                *seen = Some(now);
+            }
+            Err(e) => {
+                warn!(dir = %dir.display(), error = %e, "cannot reload the hand-off keys; keeping the loaded ones")
+            }
+        }
     }
 
     fn decide(
@@ -143,6 +170,7 @@ impl TesseraPlugin {
             ShareEnforcement::Hook => self.config.hook.ready(),
             ShareEnforcement::None | ShareEnforcement::Unknown => Ok(()),
         };
+        self.refresh_keys();
         let attempt = || {
             let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
             let ctx = NodeContext {
@@ -388,6 +416,33 @@ fn mps_share_of(c: &api::Container) -> Option<ShareLimits> {
 
 /// What a running container was given, from its annotations or, as runtimes report them in
 /// Synchronize, from the env Tessera set (`CUDA_VISIBLE_DEVICES` with device UUIDs).
+/// A key directory's state, cheap to read at each container: a mounted Secret's `..data` link
+/// (the kubelet swaps it when the Secret changes), else the directory's modification time and
+/// its entries' (a plain directory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct KeyDirStamp(
+    Vec<(std::ffi::OsString, Option<std::time::SystemTime>)>,
+    Option<PathBuf>,
+);
+
+impl KeyDirStamp {
+    fn of(dir: &std::path::Path) -> Self {
+        if let Ok(target) = std::fs::read_link(dir.join("..data")) {
+            return Self(Vec::new(), Some(target));
+        }
+        let mtime = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| (e.file_name(), mtime(&e.path())))
+            .collect();
+        entries.sort();
+        entries.push((".".into(), mtime(dir)));
+        Self(entries, None)
+    }
+}
+
 /// Why a grant of `devices` to a container of `pod` would hand out a device that a live
 /// container of another pod holds on this node: a whole card held by anyone, a card held whole,
 /// or the same MIG device. The extender never books that; a node that sees it (books gone
@@ -788,6 +843,99 @@ mod tests {
         // The holder stops: its card is free on this node.
         plugin.stopped("ctr-first");
         create("second", AllocatedDevice::whole(g), "100").unwrap();
+    }
+
+    /// A key removed from the mounted Secret stops verifying at the next container, without a
+    /// restart: the kubelet's atomic update (a new `..data` directory, the link swapped) is
+    /// noticed, as is a plain directory losing the file.
+    #[test]
+    fn a_key_removed_from_the_secret_stops_verifying() {
+        use std::os::unix::fs::symlink;
+        use tessera_cdi_generator::spec::{self, SpecOptions};
+        use tessera_core::handoff::{Allocation, ContainerAllocation, SigningKeys};
+        use tessera_core::inventory::{FixtureSource, InventorySource};
+        use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
+
+        let inv = FixtureSource::new("h100x8").discover().unwrap();
+        let (_, text) = spec::render(&inv, &SpecOptions::default()).unwrap();
+        let old = SigningKeys::new("k1", [("k1".into(), vec![1u8; 32])]).unwrap();
+        for kubelet_layout in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let (keys_dir, cdi_dir) = (dir.path().join("keys"), dir.path().join("cdi"));
+            std::fs::create_dir_all(&keys_dir).unwrap();
+            std::fs::create_dir_all(&cdi_dir).unwrap();
+            std::fs::write(cdi_dir.join("tessera.io-gpu.json"), &text).unwrap();
+            // As the kubelet writes a Secret volume: files in a timestamped directory, `..data`
+            // linking to it, and each key a link through `..data`.
+            let write = |generation: &str, keys: &[(&str, u8)]| {
+                if kubelet_layout {
+                    let data = keys_dir.join(generation);
+                    std::fs::create_dir_all(&data).unwrap();
+                    for (k, b) in keys {
+                        std::fs::write(data.join(k), [*b; 32]).unwrap();
+                    }
+                    let tmp = keys_dir.join("..data_tmp");
+                    symlink(generation, &tmp).unwrap();
+                    std::fs::rename(&tmp, keys_dir.join("..data")).unwrap();
+                    for e in std::fs::read_dir(&keys_dir).unwrap().flatten() {
+                        let name = e.file_name().to_string_lossy().into_owned();
+                        if !name.starts_with('.') && !keys.iter().any(|(k, _)| *k == name) {
+                            std::fs::remove_file(e.path()).unwrap();
+                        }
+                    }
+                    for (k, _) in keys {
+                        let _ = symlink(format!("..data/{k}"), keys_dir.join(k));
+                    }
+                } else {
+                    for e in std::fs::read_dir(&keys_dir).unwrap().flatten() {
+                        std::fs::remove_file(e.path()).unwrap();
+                    }
+                    for (k, b) in keys {
+                        std::fs::write(keys_dir.join(k), [*b; 32]).unwrap();
+                    }
+                }
+            };
+            write("..2026_11_24_01", &[("k1", 1), ("k2", 2)]);
+            let plugin = TesseraPlugin::new(PluginConfig {
+                node: "n".into(),
+                keys: VerifyingKeys::from_dir(&keys_dir).unwrap(),
+                cdi_dirs: vec![cdi_dir],
+                enforcement: ShareEnforcement::None,
+                mps: MpsLayout::default(),
+                hook: HookLayout::default(),
+            })
+            .reloading_keys_from(keys_dir.clone());
+            let create = |n: usize| {
+                let mut a = Allocation::new("n", format!("uid-{n}"));
+                a.containers.push(ContainerAllocation {
+                    name: "c".into(),
+                    role: tessera_core::request::ContainerRole::App,
+                    devices: vec![AllocatedDevice::whole(&inv.gpus[n])],
+                });
+                let signed = old.sign(&a);
+                let mut pod = api::PodSandbox::new();
+                pod.uid = format!("uid-{n}");
+                pod.name = format!("p{n}");
+                pod.annotations.insert(ANNOTATION_ALLOCATION.into(), signed.allocation);
+                pod.annotations
+                    .insert(ANNOTATION_ALLOCATION_SIGNATURE.into(), signed.signature);
+                let mut ctr = api::Container::new();
+                ctr.name = "c".into();
+                ctr.id = format!("ctr-{n}");
+                ctr.annotations
+                    .insert("tessera.io/allocated.gpu-core".into(), "100".into());
+                plugin.adjust(&pod, &ctr)
+            };
+            create(0).unwrap();
+            // The Secret loses k1 (rotation's last step).
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            write("..2026_11_24_02", &[("k2", 2)]);
+            let err = create(1).unwrap_err();
+            assert!(
+                err.contains("unknown key \"k1\""),
+                "kubelet layout {kubelet_layout}: {err}"
+            );
+        }
     }
 
     #[test]
