@@ -24,3 +24,7 @@ echo "== the shipped CUDA hook (hook/build-portable.sh):"
 TESSERA_HOOK_LIB="$(bash hook/build-portable.sh)" cargo test --locked -p tessera-cuda-hook --test hook --test nri_hook
 # Install manifests against the Kubernetes schemas of several versions.
 bash scripts/validate-manifests.sh
+# Every parser that takes outside input, fuzzed briefly from the corpora in fuzz/corpus
+# (nightly, cargo-fuzz; a crash fails the suite). Longer runs: scripts/fuzz.sh 600.
+echo "== fuzzing (scripts/fuzz.sh):"
+bash scripts/fuzz.sh "${TESSERA_FUZZ_SECONDS:-10}"
