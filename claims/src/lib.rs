@@ -25,7 +25,7 @@ pub trait SchedulerView: Send + Sync {
     fn synced(&self) -> bool;
     /// The keys allocations are signed with (a pod's devices are read from its verified
     /// allocation only).
-    fn keys(&self) -> &SigningKeys;
+    fn keys(&self) -> std::sync::Arc<SigningKeys>;
     /// The pod using claim `key` (`namespace/name`), as (`namespace/name`, UID).
     fn claim_user(&self, key: &str) -> Option<(String, String)>;
 }

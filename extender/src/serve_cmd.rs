@@ -113,17 +113,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
-    let cluster = Arc::new(Cluster::new(
-        EngineConfig {
-            node_policy: args.node_policy,
-            gpu_policy: args.gpu_policy,
-            seed: 0,
-        },
-        keys,
-        RequestOptions {
-            memory_unit_mib: args.memory_unit_mib,
-        },
-    ));
+    let cluster = Arc::new(
+        Cluster::new(
+            EngineConfig {
+                node_policy: args.node_policy,
+                gpu_policy: args.gpu_policy,
+                seed: 0,
+            },
+            keys,
+            RequestOptions {
+                memory_unit_mib: args.memory_unit_mib,
+            },
+        )
+        .reloading_keys_from(args.keys_dir.clone()),
+    );
     let lease = (!args.no_leader_election).then(|| {
         let identity = args.identity.clone().unwrap_or_else(|| {
             let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned());

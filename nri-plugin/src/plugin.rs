@@ -11,7 +11,7 @@ use tessera_core::enforcement::{
     HOOK_AGENT_IN_CONTAINER, HOOK_CONFIG_IN_CONTAINER, HOOK_STATE_IN_CONTAINER, HookLayout, MpsCeiling, MpsLayout,
     ShareEnforcement, ShareLimits,
 };
-use tessera_core::handoff::{AllocatedDevice, HandoffError, VerifyingKeys};
+use tessera_core::handoff::{AllocatedDevice, HandoffError, KeyDirStamp, VerifyingKeys};
 use tessera_core::injection::{self, ANNOTATION_INJECTED, Injection, NodeContext};
 use tessera_proto::nri::api;
 use tessera_proto::nri::api_ttrpc::Plugin;
@@ -416,33 +416,6 @@ fn mps_share_of(c: &api::Container) -> Option<ShareLimits> {
 
 /// What a running container was given, from its annotations or, as runtimes report them in
 /// Synchronize, from the env Tessera set (`CUDA_VISIBLE_DEVICES` with device UUIDs).
-/// A key directory's state, cheap to read at each container: a mounted Secret's `..data` link
-/// (the kubelet swaps it when the Secret changes), else the directory's modification time and
-/// its entries' (a plain directory).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct KeyDirStamp(
-    Vec<(std::ffi::OsString, Option<std::time::SystemTime>)>,
-    Option<PathBuf>,
-);
-
-impl KeyDirStamp {
-    fn of(dir: &std::path::Path) -> Self {
-        if let Ok(target) = std::fs::read_link(dir.join("..data")) {
-            return Self(Vec::new(), Some(target));
-        }
-        let mtime = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        let mut entries: Vec<_> = std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| (e.file_name(), mtime(&e.path())))
-            .collect();
-        entries.sort();
-        entries.push((".".into(), mtime(dir)));
-        Self(entries, None)
-    }
-}
-
 /// Why a grant of `devices` to a container of `pod` would hand out a device that a live
 /// container of another pod holds on this node: a whole card held by anyone, a card held whole,
 /// or the same MIG device. The extender never books that; a node that sees it (books gone

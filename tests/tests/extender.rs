@@ -1479,3 +1479,85 @@ async fn listeners_drop_slow_clients_and_bound_connections() -> anyhow::Result<(
     assert!(t.elapsed() >= Duration::from_millis(300), "{:?}", t.elapsed());
     Ok(())
 }
+
+/// Rotation without restarting the extender: it reads its keys again when their directory
+/// changes, so a key made active signs from the next bind, and a key removed stops verifying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_extender_signs_with_a_rotated_key_without_a_restart() -> anyhow::Result<()> {
+    use std::sync::Arc;
+    let api = FakeApiServer::start().await?;
+    api.create_node(&gpu_node("t1", "t4x2"))?;
+    let dir = tempfile::tempdir()?;
+    let write = |files: &[(&str, &[u8])]| -> anyhow::Result<()> {
+        for e in std::fs::read_dir(dir.path())? {
+            std::fs::remove_file(e?.path())?;
+        }
+        for (name, bytes) in files {
+            std::fs::write(dir.path().join(name), bytes)?;
+        }
+        Ok(())
+    };
+    write(&[("active", b"k1"), ("k1", &[1u8; 32])])?;
+    let cluster = Arc::new(
+        tessera_extender::service::cluster::Cluster::new(
+            Default::default(),
+            tessera_core::handoff::SigningKeys::from_dir(dir.path())?,
+            Default::default(),
+        )
+        .reloading_keys_from(dir.path().to_path_buf()),
+    );
+    let running = tessera_extender::service::start(
+        api.client()?,
+        cluster.clone(),
+        tessera_extender::service::ServiceConfig {
+            listen: "127.0.0.1:0".parse()?,
+            prefix: PREFIX.into(),
+            body_limit: 1 << 20,
+            lease: None,
+            tls: None,
+            claims: false,
+            webhook: None,
+            limits: Default::default(),
+        },
+    )
+    .await?;
+    let mut http = JsonClient::new(running.addr);
+    let signature = |name: &str| {
+        api.pod("default", name)
+            .and_then(|p| p.metadata.annotations?.get("tessera.io/allocation-signature").cloned())
+            .unwrap_or_default()
+    };
+    let first = api.create_pod(&share_pod("first", 30, 4))?;
+    let mut err = String::from("not tried");
+    for _ in 0..50 {
+        err = bind(&mut http, &first, "t1").await?;
+        if err.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(err, "");
+    assert!(signature("first").starts_with("v1.k1."), "{}", signature("first"));
+    // k2 made active in the Secret: the next bind signs with it.
+    std::thread::sleep(Duration::from_millis(20));
+    write(&[("active", b"k2"), ("k1", &[1u8; 32]), ("k2", &[2u8; 32])])?;
+    let second = api.create_pod(&share_pod("second", 30, 4))?;
+    assert_eq!(bind(&mut http, &second, "t1").await?, "");
+    assert!(signature("second").starts_with("v1.k2."), "{}", signature("second"));
+    // k1 removed: what it signed no longer verifies.
+    std::thread::sleep(Duration::from_millis(20));
+    write(&[("active", b"k2"), ("k2", &[2u8; 32])])?;
+    let p = api.pod("default", "first").unwrap();
+    let a = p.metadata.annotations.clone().unwrap_or_default();
+    let verified = cluster.keys().verify(
+        a.get("tessera.io/allocation").map(String::as_str),
+        a.get("tessera.io/allocation-signature").map(String::as_str),
+        "t1",
+        p.metadata.uid.as_deref().unwrap_or_default(),
+    );
+    assert!(
+        matches!(verified, Err(tessera_core::handoff::HandoffError::UnknownKey { ref key_id }) if key_id == "k1"),
+        "{verified:?}"
+    );
+    Ok(())
+}

@@ -395,3 +395,32 @@ impl SigningKeys {
         self.keys.verify(allocation, signature, node, pod_uid)
     }
 }
+
+/// A key directory's state, cheap to read at each use: a mounted Secret's `..data` link (the
+/// kubelet swaps it when the Secret changes), else the directory's and its entries' names and
+/// modification times (a plain directory). Holders re-read their keys when it changes, so a
+/// key removed from the Secret stops verifying, and one added starts, without a restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyDirStamp(
+    Vec<(std::ffi::OsString, Option<std::time::SystemTime>)>,
+    Option<PathBuf>,
+);
+
+impl KeyDirStamp {
+    /// The directory's state now.
+    pub fn of(dir: &Path) -> Self {
+        if let Ok(target) = std::fs::read_link(dir.join("..data")) {
+            return Self(Vec::new(), Some(target));
+        }
+        let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| (e.file_name(), mtime(&e.path())))
+            .collect();
+        entries.sort();
+        entries.push((".".into(), mtime(dir)));
+        Self(entries, None)
+    }
+}

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use tessera_api::pod::{ClaimUse, PodClaimError, claim_refs, names_claims};
 use tessera_core::handoff::ContainerAllocation;
-use tessera_core::handoff::{Allocation, SigningKeys};
+use tessera_core::handoff::{Allocation, KeyDirStamp, SigningKeys};
 use tessera_core::inventory::{Health, PublishedInventory};
 use tessera_core::ledger::{Booking, Hold, Ledger, LedgerError, NodeCapacity};
 use tessera_core::names::{
@@ -19,7 +19,7 @@ use tessera_core::placement::check_node_resources;
 use tessera_core::placement::{EngineConfig, PodDemand, WorkloadLearner};
 use tessera_core::quantity::Amount;
 use tessera_core::request::{GpuDemand, PodRequest, RequestError, RequestOptions};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::tenants::Tenants;
 use super::wire::{HostScore, MAX_PRIORITY, MetaVictims};
@@ -98,7 +98,9 @@ struct Learning {
 pub struct Cluster {
     ledger: Mutex<Ledger>,
     learning: Mutex<Learning>,
-    keys: SigningKeys,
+    keys: std::sync::RwLock<Arc<SigningKeys>>,
+    /// Where the keys are read again from when it changes (see [`Cluster::reloading_keys_from`]).
+    keys_dir: Option<(std::path::PathBuf, Mutex<KeyDirStamp>)>,
     opts: RequestOptions,
     /// Nodes whose published driver is not ready, with why.
     not_ready: Mutex<BTreeMap<String, String>>,
@@ -213,7 +215,8 @@ impl Cluster {
                 seen: 0,
                 stale: false,
             }),
-            keys,
+            keys: std::sync::RwLock::new(Arc::new(keys)),
+            keys_dir: None,
             opts,
             not_ready: Mutex::new(BTreeMap::new()),
             nodes_synced: AtomicBool::new(false),
@@ -283,9 +286,34 @@ impl Cluster {
         self.ledger.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The signing keys.
-    pub fn keys(&self) -> &SigningKeys {
-        &self.keys
+    /// Reads the signing keys again from `dir` (a mounted Secret) whenever it changes: a key
+    /// made active signs from the next bind, a key removed stops verifying, without a restart.
+    pub fn reloading_keys_from(mut self, dir: std::path::PathBuf) -> Self {
+        let stamp = KeyDirStamp::of(&dir);
+        self.keys_dir = Some((dir, Mutex::new(stamp)));
+        self
+    }
+
+    /// The signing keys, read again first when their directory changed (a key set that does
+    /// not load keeps the one loaded, with a warning).
+    pub fn keys(&self) -> Arc<SigningKeys> {
+        if let Some((dir, seen)) = &self.keys_dir {
+            let now = KeyDirStamp::of(dir);
+            let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+            if *seen != now {
+                match SigningKeys::from_dir(dir) {
+                    Ok(fresh) => {
+                        info!(dir = %dir.display(), active = fresh.active_key_id(), "the hand-off keys changed: reloaded");
+                        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);
+                        *seen = now;
+                    }
+                    Err(e) => {
+                        warn!(dir = %dir.display(), error = %e, "cannot reload the hand-off keys; keeping the loaded ones")
+                    }
+                }
+            }
+        }
+        self.keys.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// How requests are read (the memory unit).
@@ -445,7 +473,7 @@ impl Cluster {
             .and_then(|a| a.get(ANNOTATION_ALLOCATION))
             .and_then(|value| {
                 let sig = annotations.and_then(|a| a.get(ANNOTATION_ALLOCATION_SIGNATURE));
-                match self.keys.verify(Some(value), sig.map(String::as_str), node, uid) {
+                match self.keys().verify(Some(value), sig.map(String::as_str), node, uid) {
                     Ok(a) => Some(a),
                     Err(e) => {
                         warn!(pod = name, node, error = %e, "not counting an allocation that does not verify");
@@ -761,7 +789,7 @@ impl tessera_claims::SchedulerView for Cluster {
         Cluster::synced(self)
     }
 
-    fn keys(&self) -> &SigningKeys {
+    fn keys(&self) -> Arc<SigningKeys> {
         Cluster::keys(self)
     }
 
