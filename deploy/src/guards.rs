@@ -13,6 +13,34 @@ use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE
 
 use super::{EXTENDER, ManifestOptions, NODE, meta};
 
+/// Requests of `operations` on core/v1 `resources` (a pod's or Node's status subresource may
+/// change its annotations too, so policies name it).
+fn core_v1(operations: &[&str], resources: &[&str]) -> MatchResources {
+    let v = |s: &[&str]| Some(s.iter().map(|x| x.to_string()).collect());
+    MatchResources {
+        resource_rules: Some(vec![NamedRuleWithOperations {
+            api_groups: v(&[""]),
+            api_versions: v(&["v1"]),
+            operations: v(operations),
+            resources: v(resources),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// Binds `policy` to every request it matches, denying what it refuses.
+fn deny_binding(policy: &str) -> ValidatingAdmissionPolicyBinding {
+    ValidatingAdmissionPolicyBinding {
+        metadata: meta(policy, None),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(policy.into()),
+            validation_actions: Some(vec!["Deny".into()]),
+            ..Default::default()
+        }),
+    }
+}
+
 /// The policy (and its binding) guarding the allocation annotations.
 pub const ALLOCATION_POLICY: &str = "tessera-allocation-annotations";
 
@@ -40,17 +68,7 @@ pub fn allocation_guard(opts: &ManifestOptions) -> (ValidatingAdmissionPolicy, V
         metadata: meta(ALLOCATION_POLICY, None),
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".into()),
-            match_constraints: Some(MatchResources {
-                resource_rules: Some(vec![NamedRuleWithOperations {
-                    api_groups: Some(vec!["".into()]),
-                    api_versions: Some(vec!["v1".into()]),
-                    operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-                    // The status subresource may change a pod's annotations too.
-                    resources: Some(vec!["pods".into(), "pods/status".into()]),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
+            match_constraints: Some(core_v1(&["CREATE", "UPDATE"], &["pods", "pods/status"])),
             variables: Some(vec![
                 variable("allocation", annotation("object", ANNOTATION_ALLOCATION)),
                 variable("signature", annotation("object", ANNOTATION_ALLOCATION_SIGNATURE)),
@@ -72,15 +90,7 @@ pub fn allocation_guard(opts: &ManifestOptions) -> (ValidatingAdmissionPolicy, V
         }),
         ..Default::default()
     };
-    let binding = ValidatingAdmissionPolicyBinding {
-        metadata: meta(ALLOCATION_POLICY, None),
-        spec: Some(ValidatingAdmissionPolicyBindingSpec {
-            policy_name: Some(ALLOCATION_POLICY.into()),
-            validation_actions: Some(vec!["Deny".into()]),
-            ..Default::default()
-        }),
-    };
-    (policy, binding)
+    (policy, deny_binding(ALLOCATION_POLICY))
 }
 
 /// The policy (and its binding) keeping each node agent to its own Node.
@@ -97,16 +107,7 @@ pub fn own_node_guard(opts: &ManifestOptions) -> (ValidatingAdmissionPolicy, Val
         metadata: meta(OWN_NODE_POLICY, None),
         spec: Some(ValidatingAdmissionPolicySpec {
             failure_policy: Some("Fail".into()),
-            match_constraints: Some(MatchResources {
-                resource_rules: Some(vec![NamedRuleWithOperations {
-                    api_groups: Some(vec!["".into()]),
-                    api_versions: Some(vec!["v1".into()]),
-                    operations: Some(vec!["UPDATE".into()]),
-                    resources: Some(vec!["nodes".into(), "nodes/status".into()]),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
+            match_constraints: Some(core_v1(&["UPDATE"], &["nodes", "nodes/status"])),
             match_conditions: Some(vec![MatchCondition {
                 name: "tessera-node-agent".into(),
                 expression: format!("request.userInfo.username == '{agent}'"),
@@ -126,13 +127,5 @@ pub fn own_node_guard(opts: &ManifestOptions) -> (ValidatingAdmissionPolicy, Val
         }),
         ..Default::default()
     };
-    let binding = ValidatingAdmissionPolicyBinding {
-        metadata: meta(OWN_NODE_POLICY, None),
-        spec: Some(ValidatingAdmissionPolicyBindingSpec {
-            policy_name: Some(OWN_NODE_POLICY.into()),
-            validation_actions: Some(vec!["Deny".into()]),
-            ..Default::default()
-        }),
-    };
-    (policy, binding)
+    (policy, deny_binding(OWN_NODE_POLICY))
 }

@@ -45,6 +45,27 @@ pub struct ServingCert {
     pub ca: Vec<u8>,
 }
 
+impl ServingCert {
+    /// As a `kubernetes.io/tls` Secret's files: `tls.crt`, `tls.key`, `ca.crt`.
+    pub fn into_files(self) -> BTreeMap<String, Vec<u8>> {
+        BTreeMap::from([
+            ("tls.crt".to_string(), self.cert),
+            ("tls.key".to_string(), self.key),
+            ("ca.crt".to_string(), self.ca),
+        ])
+    }
+
+    /// Taken out of a Secret's files (those [`ServingCert::into_files`] names).
+    pub fn from_files(files: &mut BTreeMap<String, Vec<u8>>) -> Self {
+        let mut take = |k: &str| files.remove(k).unwrap_or_default();
+        Self {
+            cert: take("tls.crt"),
+            key: take("tls.key"),
+            ca: take("ca.crt"),
+        }
+    }
+}
+
 /// The DNS names of `service` in `namespace`.
 pub fn service_names(service: &str, namespace: &str) -> Vec<String> {
     vec![
@@ -160,22 +181,10 @@ pub async fn ensure_secret(client: &Client, cfg: &SelfManaged) -> anyhow::Result
         &cfg.namespace,
         &cfg.secret,
         &["tls.crt", "tls.key", "ca.crt"],
-        || {
-            let c = generate(service_names(&cfg.service, &cfg.namespace))?;
-            Ok(BTreeMap::from([
-                ("tls.crt".to_string(), c.cert),
-                ("tls.key".to_string(), c.key),
-                ("ca.crt".to_string(), c.ca),
-            ]))
-        },
+        || Ok(generate(service_names(&cfg.service, &cfg.namespace))?.into_files()),
     )
     .await?;
-    let mut take = |k: &str| files.remove(k).unwrap_or_default();
-    Ok(ServingCert {
-        cert: take("tls.crt"),
-        key: take("tls.key"),
-        ca: take("ca.crt"),
-    })
+    Ok(ServingCert::from_files(&mut files))
 }
 
 /// Sets every webhook's `caBundle` in the configuration to `ca`; true when it changed (false

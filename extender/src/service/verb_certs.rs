@@ -5,8 +5,6 @@
 //! only its own files (`ca.crt`, `scheduler.crt`, `scheduler.key`). Deleting the Secret and
 //! restarting the extender and the scheduler rotates them.
 
-use std::collections::BTreeMap;
-
 use kube::Client;
 use tessera_claims::admission::certs::{ServingCert, ensure_secret_files, generate_with_clients, service_names};
 
@@ -36,19 +34,11 @@ pub async fn ensure(client: &Client, v: &VerbCerts) -> anyhow::Result<ServingCer
     let mut files = ensure_secret_files(client, &v.namespace, &v.secret, &FILES, || {
         let (serving, clients) = generate_with_clients(service_names(&v.service, &v.namespace), &[SCHEDULER_CN])?;
         let scheduler = clients.into_iter().next().expect("one client asked for");
-        Ok(BTreeMap::from([
-            ("ca.crt".to_string(), serving.ca),
-            ("tls.crt".to_string(), serving.cert),
-            ("tls.key".to_string(), serving.key),
-            (SCHEDULER_CERT.to_string(), scheduler.cert),
-            (SCHEDULER_KEY.to_string(), scheduler.key),
-        ]))
+        let mut files = serving.into_files();
+        files.insert(SCHEDULER_CERT.to_string(), scheduler.cert);
+        files.insert(SCHEDULER_KEY.to_string(), scheduler.key);
+        Ok(files)
     })
     .await?;
-    let mut take = |k: &str| files.remove(k).unwrap_or_default();
-    Ok(ServingCert {
-        cert: take("tls.crt"),
-        key: take("tls.key"),
-        ca: take("ca.crt"),
-    })
+    Ok(ServingCert::from_files(&mut files))
 }
