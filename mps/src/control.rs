@@ -85,12 +85,13 @@ impl MpsBinaries {
 
     /// Sends one control command (`get_default_active_thread_percentage`, `quit`) to a card's
     /// daemon and returns its answer; an error when the daemon does not answer in `timeout`.
-    /// The daemon serves one control connection at a time and turns others away ("Cannot send
-    /// command"), or, met at another moment, lets the client exit 0 having said nothing and
-    /// done nothing (seen on the real 535 daemon while another client held its connection).
-    /// Both are tried again until `timeout` (the second only for commands that always answer,
-    /// see [`answers`]), so a client keeping it busy does not make a health check or a ceiling
-    /// fail. Commands that answer nothing are checked by reading back, as `apply_ceiling` does.
+    /// The daemon serves one control connection at a time. A client meeting it busy (seen on
+    /// the real 535 daemon while another client held its connection) is told "Cannot send
+    /// command", or exits before it reads its command, or exits 0 or 1 having said nothing and
+    /// done nothing. Such a turned-away command is sent again until `timeout` (a silent exit
+    /// only for commands that always answer, see [`answers`]), so a client keeping the daemon
+    /// busy does not make a health check or a ceiling fail. Commands that answer nothing are
+    /// checked by reading back, as `apply_ceiling` does.
     pub async fn command(
         &self,
         layout: &MpsLayout,
@@ -101,31 +102,36 @@ impl MpsBinaries {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match self.command_once(layout, uuid, cmd, left).await {
-                Err(e) if e.contains(BUSY) && tokio::time::Instant::now() + BUSY_RETRY < deadline => {
-                    tokio::time::sleep(BUSY_RETRY).await;
-                }
-                Ok(out) if out.is_empty() && answers(cmd) => {
-                    if tokio::time::Instant::now() + BUSY_RETRY >= deadline {
-                        return Err(format!(
-                            "{cmd:?} got an empty answer until {}s passed",
-                            timeout.as_secs()
-                        ));
-                    }
-                    tokio::time::sleep(BUSY_RETRY).await;
-                }
-                other => return other,
+            let reply = self.command_once(layout, uuid, cmd, left).await?;
+            let said = reply.said();
+            let turned_away = said.contains(BUSY) || (said.is_empty() && answers(cmd));
+            if !turned_away {
+                return if reply.status.success() {
+                    Ok(reply.stdout.trim().to_string())
+                } else {
+                    Err(format!("{cmd:?} failed ({}): {said}", reply.status))
+                };
             }
+            if tokio::time::Instant::now() + BUSY_RETRY >= deadline {
+                let why = if said.is_empty() { "nothing said" } else { said };
+                return Err(format!(
+                    "{cmd:?} was turned away until {}s passed ({}: {why})",
+                    timeout.as_secs(),
+                    reply.status
+                ));
+            }
+            tokio::time::sleep(BUSY_RETRY).await;
         }
     }
 
+    /// Runs the control client once with `cmd` on its standard input.
     async fn command_once(
         &self,
         layout: &MpsLayout,
         uuid: &str,
         cmd: &str,
         timeout: Duration,
-    ) -> Result<String, String> {
+    ) -> Result<ClientReply, String> {
         let mut child = Command::new(&self.control)
             .envs(self.env(layout, uuid))
             .stdin(Stdio::piped())
@@ -135,26 +141,37 @@ impl MpsBinaries {
             .spawn()
             .map_err(|e| format!("running {}: {e}", self.control.display()))?;
         let mut stdin = child.stdin.take().expect("piped");
-        stdin
-            .write_all(format!("{cmd}\n").as_bytes())
-            .await
-            .map_err(|e| format!("writing {cmd:?} to the control client: {e}"))?;
+        match stdin.write_all(format!("{cmd}\n").as_bytes()).await {
+            // The client gave up before reading (turned away); what it printed says why.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            Err(e) => return Err(format!("writing {cmd:?} to the control client: {e}")),
+            Ok(()) => {}
+        }
         drop(stdin);
         let out = tokio::time::timeout(timeout, child.wait_with_output())
             .await
             .map_err(|_| format!("{cmd:?} got no answer within {}s", timeout.as_secs()))?
             .map_err(|e| format!("waiting for the control client: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-        } else {
-            let err = String::from_utf8_lossy(&out.stderr);
-            let err = if err.trim().is_empty() {
-                String::from_utf8_lossy(&out.stdout).into_owned()
-            } else {
-                err.into_owned()
-            };
-            Err(format!("{cmd:?} failed ({}): {}", out.status, err.trim()))
-        }
+        Ok(ClientReply {
+            status: out.status,
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+}
+
+/// What one run of the control client printed, and how it exited.
+struct ClientReply {
+    status: std::process::ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl ClientReply {
+    /// What the client said: its error output, else its answer, trimmed.
+    fn said(&self) -> &str {
+        let err = self.stderr.trim();
+        if err.is_empty() { self.stdout.trim() } else { err }
     }
 }
 

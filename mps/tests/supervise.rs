@@ -386,8 +386,16 @@ fn a_start_refused_by_a_foreign_lock_is_retried_with_backoff_and_mig_cards_get_n
     let mut line = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()), &mut line).unwrap();
     let s = Running::start(dir.path(), "a100-mig", Branch::R550);
+    // The state file is written before the failure is logged: wait for both.
+    let delays = |s: &Running| -> Vec<u64> {
+        s.log()
+            .lines()
+            .filter_map(|l| l.split("delay_ms=").nth(1))
+            .filter_map(|v| v.split_whitespace().next()?.parse().ok())
+            .collect()
+    };
     s.wait("three failed starts", Duration::from_secs(20), |s| {
-        s.state(card).is_some_and(|st| st.restarts >= 3)
+        s.state(card).is_some_and(|st| st.restarts >= 3) && delays(s).len() >= 3
     });
     let st = s.state(card).unwrap();
     assert_eq!(st.phase, DaemonPhase::Restarting);
@@ -409,13 +417,8 @@ fn a_start_refused_by_a_foreign_lock_is_retried_with_backoff_and_mig_cards_get_n
         s.log()
     );
     // The delays grew: 200 ms, 400 ms, 800 ms...
-    let delays: Vec<u64> = s
-        .log()
-        .lines()
-        .filter_map(|l| l.split("delay_ms=").nth(1))
-        .filter_map(|v| v.split_whitespace().next()?.parse().ok())
-        .collect();
-    assert!(delays.len() >= 3 && delays[..3] == [200, 400, 800], "{delays:?}");
+    let delays = delays(&s);
+    assert!(delays[..3] == [200, 400, 800], "{delays:?}");
     assert!(alive(holder.id() as i32), "the foreign holder was killed");
     // The holder goes: the daemon comes up. MIG cards never got a daemon.
     holder.kill().unwrap();
