@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== toolchain: $(cargo --version)"
+# One build from a clean checkout: incremental caches would only double the workspace's share
+# of target/ (a clean run's peak is in the README); a run out of disk says so first.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+echo "== disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free where target/ grows"
 # Real container runtimes for the end-to-end tests (cached under .cache/runtimes).
 echo "== runtimes (tests/runtimes/fetch.sh):"
 bash tests/runtimes/fetch.sh
