@@ -12,12 +12,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("CARGO_FEATURE_DEVICEPLUGIN").is_some() {
         tonic_prost_build::configure().compile_protos(&["deviceplugin/api.proto"], &["deviceplugin"])?;
     }
+    if std::env::var_os("CARGO_FEATURE_DRA").is_some() {
+        tonic_prost_build::configure().compile_protos(&["pluginregistration/api.proto"], &["pluginregistration"])?;
+        tonic_prost_build::configure().compile_protos(&["dra/api.proto"], &["dra"])?;
+    }
     if std::env::var_os("CARGO_FEATURE_NRI").is_some() {
         nri()?;
     }
     println!("cargo:rerun-if-changed=cri/api.proto");
     println!("cargo:rerun-if-changed=nri/api.proto");
     println!("cargo:rerun-if-changed=deviceplugin/api.proto");
+    println!("cargo:rerun-if-changed=pluginregistration/api.proto");
+    println!("cargo:rerun-if-changed=dra/api.proto");
     Ok(())
 }
 

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
+use crate::dra::{ClaimStore, DraError};
 use crate::enforcement::{ShareEnforcement, ShareLimits};
 use crate::handoff::{AllocatedDevice, Allocation, HandoffError, VerifyingKeys};
 use crate::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, CDI_KIND};
@@ -72,6 +73,18 @@ pub enum InjectionError {
         uuid: String,
         reason: String,
     },
+    /// A container names DRA claims it cannot have.
+    #[error("container {container:?}: {source}")]
+    Claim {
+        container: String,
+        #[source]
+        source: Box<DraError>,
+    },
+    /// A container names DRA claims and asks for Tessera's extended resources too.
+    #[error(
+        "container {container:?} names DRA claims and asks for Tessera's extended resources: ask through one or the other"
+    )]
+    ClaimsAndResources { container: String },
     /// Amounts differ between the kubelet and the hand-off.
     #[error("container {container:?}: the kubelet allocated {resource}={kubelet} but the allocation gives {handoff}")]
     Mismatch {
@@ -141,10 +154,45 @@ pub fn decide(
         });
     }
     cross_check(container, &asked, &mine.devices)?;
+    grant(ctx, container, &mine.devices, allocation.core_limit).map(Injection::Grant)
+}
 
+/// Decides what a container that names DRA claims gets (the markers the DRA plugin hands the
+/// kubelet, found in its environment): the claims' devices from the node's records, each of
+/// the pod's namespace, held as any share is. A container that also asks for Tessera's
+/// extended resources is refused: one way to get GPUs per container.
+pub fn decide_claims(
+    ctx: &NodeContext<'_>,
+    store: &ClaimStore,
+    namespace: &str,
+    container: &str,
+    container_annotations: &BTreeMap<String, String>,
+    claims: &[String],
+) -> Result<Injection, InjectionError> {
+    if !kubelet_amounts(container_annotations).is_empty() {
+        return Err(InjectionError::ClaimsAndResources {
+            container: container.into(),
+        });
+    }
+    let devices = crate::dra::devices_for(store, namespace, claims).map_err(|source| InjectionError::Claim {
+        container: container.into(),
+        source: Box::new(source),
+    })?;
+    grant(ctx, container, &devices, None).map(Injection::Grant)
+}
+
+/// What `devices` give container `container`: CDI devices, the environment that names them,
+/// and for a share its limits, refused when the node cannot hold them now. `core_limit`
+/// raises a share's compute limit above its guarantee (the pod's `tessera.io/core-limit`).
+fn grant(
+    ctx: &NodeContext<'_>,
+    container: &str,
+    devices: &[AllocatedDevice],
+    core_limit: Option<u32>,
+) -> Result<Grant, InjectionError> {
     let mut grant = Grant::default();
     let mut visible = Vec::new();
-    for d in &mine.devices {
+    for d in devices {
         match d {
             AllocatedDevice::Gpu {
                 uuid,
@@ -157,7 +205,7 @@ pub fn decide(
                     grant.cdi_devices.push(format!("{CDI_KIND}={uuid}"));
                 } else {
                     grant.cdi_devices.push(format!("{CDI_KIND}=share-{uuid}"));
-                    let limit = allocation.core_limit.unwrap_or(*core_percent).max(*core_percent);
+                    let limit = core_limit.unwrap_or(*core_percent).max(*core_percent);
                     grant.env.insert("TESSERA_GPU_CORE_LIMIT".into(), limit.to_string());
                     grant
                         .env
@@ -209,8 +257,8 @@ pub fn decide(
     grant.env.insert("CUDA_VISIBLE_DEVICES".into(), visible.join(","));
     grant.env.insert("NVIDIA_VISIBLE_DEVICES".into(), "void".into());
     grant.uuids = visible;
-    grant.devices = mine.devices.clone();
-    Ok(Injection::Grant(grant))
+    grant.devices = devices.to_vec();
+    Ok(grant)
 }
 
 /// The `PATH` a container has when its image sets none (runc's and containerd's default).

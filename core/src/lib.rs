@@ -5,6 +5,7 @@
 //! runs processes: reading a node is `tessera_node`'s, the I/O of the services their own.
 
 pub mod cdi;
+pub mod dra;
 pub mod driver;
 pub mod enforcement;
 pub mod handoff;

@@ -30,7 +30,7 @@ fn core_v1(operations: &[&str], resources: &[&str]) -> MatchResources {
 }
 
 /// Binds `policy` to every request it matches, denying what it refuses.
-fn deny_binding(policy: &str) -> ValidatingAdmissionPolicyBinding {
+pub(crate) fn deny_binding(policy: &str) -> ValidatingAdmissionPolicyBinding {
     ValidatingAdmissionPolicyBinding {
         metadata: meta(policy, None),
         spec: Some(ValidatingAdmissionPolicyBindingSpec {
@@ -97,7 +97,7 @@ pub fn allocation_guard(opts: &ManifestOptions) -> (ValidatingAdmissionPolicy, V
 pub const OWN_NODE_POLICY: &str = "tessera-node-own-node";
 
 /// The node-name a pod's service-account token carries (Kubernetes 1.30 on).
-const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+pub(crate) const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 
 /// The node agents' service account may change a Node only when it is the node its token was
 /// issued on: the token of a pod carries its node's name.

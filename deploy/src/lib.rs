@@ -42,6 +42,9 @@ pub struct ManifestOptions {
     pub nri_socket: String,
     /// Where the container runtime reads CDI specs on the nodes (a host path).
     pub cdi_dir: String,
+    /// Also install Tessera as a DRA driver (Kubernetes 1.34+): DeviceClasses, the node
+    /// agents' DRA rights and the DRA kubelet plugin in the node DaemonSet.
+    pub dra: bool,
 }
 
 impl Default for ManifestOptions {
@@ -57,6 +60,7 @@ impl Default for ManifestOptions {
             share_enforcement: ShareEnforcement::Mps,
             nri_socket: "/var/run/nri/nri.sock".into(),
             cdi_dir: "/var/run/cdi".into(),
+            dra: false,
         }
     }
 }
@@ -313,6 +317,17 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
     let (policy, binding) = guards::own_node_guard(opts);
     push(&policy);
     push(&binding);
+    if opts.dra {
+        for class in dra::device_classes() {
+            push(&class);
+        }
+        let (role, binding) = dra::node_rbac(opts);
+        push(&role);
+        push(&binding);
+        let (policy, binding) = dra::own_slice_guard(opts);
+        push(&policy);
+        push(&binding);
+    }
     push(&Role {
         metadata: meta(&format!("{EXTENDER}-lease"), Some(ns)),
         rules: Some(
@@ -710,15 +725,46 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                                     mount("mps", DEFAULT_MPS_ROOT, true),
                                     // Hook mode: each share container's limits are written here.
                                     mount("hook", DEFAULT_HOOK_ROOT, !hook_mode),
+                                ]
+                                .into_iter()
+                                // DRA: the claims the node prepared, as the DRA plugin records them.
+                                .chain(
+                                    opts.dra
+                                        .then(|| mount("dra-state", tessera_core::dra::DEFAULT_STATE_DIR, true)),
+                                )
+                                .chain([
                                     // For `tessera-nri-plugin check` (runtime configs, driver, /dev)
                                     // and the metrics (NVML, /proc).
                                     host_root_mount.clone(),
                                     mount("dev", "/dev", true),
-                                ],
+                                ])
+                                .collect(),
                             )
                         },
                     ]
                     .into_iter()
+                    .chain(opts.dra.then(|| {
+                        container(
+                            "dra-plugin",
+                            "tessera-dra-plugin",
+                            [
+                                vec![
+                                    "--cdi-dir=/var/run/cdi".into(),
+                                    format!("--state-dir={}", tessera_core::dra::DEFAULT_STATE_DIR),
+                                ],
+                                node_args.clone(),
+                            ]
+                            .concat(),
+                            vec![
+                                mount("plugins-registry", tessera_core::dra::REGISTRY_DIR, false),
+                                mount("dra-plugin", tessera_core::dra::PLUGIN_DIR, false),
+                                mount("cdi", "/var/run/cdi", false),
+                                mount("dra-state", tessera_core::dra::DEFAULT_STATE_DIR, false),
+                                mount("dev", "/dev", true),
+                                host_root_mount.clone(),
+                            ],
+                        )
+                    }))
                     .chain((opts.share_enforcement == ShareEnforcement::Mps).then(|| Container {
                         // One MPS control daemon per shareable card, from the node's driver;
                         // the GPU's compute mode is left as it is.
@@ -746,17 +792,37 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                         )
                     }))
                     .collect(),
-                    volumes: Some(vec![
-                        host_path("cdi", &opts.cdi_dir, "DirectoryOrCreate"),
-                        host_path("device-plugins", "/var/lib/kubelet/device-plugins", "Directory"),
-                        host_path("nri", &nri_socket_dir, "DirectoryOrCreate"),
-                        host_path("dev", "/dev", "Directory"),
-                        host_path("host-root", "/", "Directory"),
-                        host_path("mps", DEFAULT_MPS_ROOT, "DirectoryOrCreate"),
-                        host_path("hook", DEFAULT_HOOK_ROOT, "DirectoryOrCreate"),
-                        host_path("driver-bundles", DEFAULT_BUNDLE_ROOT, "DirectoryOrCreate"),
-                        keys_volume(PUBLIC_KEYS_SECRET),
-                    ]),
+                    volumes: Some(
+                        vec![
+                            host_path("cdi", &opts.cdi_dir, "DirectoryOrCreate"),
+                            host_path("device-plugins", "/var/lib/kubelet/device-plugins", "Directory"),
+                            host_path("nri", &nri_socket_dir, "DirectoryOrCreate"),
+                            host_path("dev", "/dev", "Directory"),
+                            host_path("host-root", "/", "Directory"),
+                            host_path("mps", DEFAULT_MPS_ROOT, "DirectoryOrCreate"),
+                            host_path("hook", DEFAULT_HOOK_ROOT, "DirectoryOrCreate"),
+                            host_path("driver-bundles", DEFAULT_BUNDLE_ROOT, "DirectoryOrCreate"),
+                            keys_volume(PUBLIC_KEYS_SECRET),
+                        ]
+                        .into_iter()
+                        .chain(
+                            opts.dra
+                                .then(|| {
+                                    [
+                                        host_path("plugins-registry", tessera_core::dra::REGISTRY_DIR, "Directory"),
+                                        host_path("dra-plugin", tessera_core::dra::PLUGIN_DIR, "DirectoryOrCreate"),
+                                        host_path(
+                                            "dra-state",
+                                            tessera_core::dra::DEFAULT_STATE_DIR,
+                                            "DirectoryOrCreate",
+                                        ),
+                                    ]
+                                })
+                                .into_iter()
+                                .flatten(),
+                        )
+                        .collect(),
+                    ),
                     ..Default::default()
                 }),
             },
@@ -799,6 +865,7 @@ fn to_yaml<T: Serialize>(v: &T) -> String {
 }
 
 pub mod claims;
+pub mod dra;
 pub mod guards;
 #[cfg(test)]
 mod tests;

@@ -36,6 +36,10 @@ struct ManifestArgs {
     /// Where the container runtime reads CDI specs on the GPU nodes.
     #[arg(long, default_value = "/var/run/cdi")]
     cdi_dir: String,
+    /// Also install Tessera as a DRA driver (Kubernetes 1.34+): DeviceClasses, the node
+    /// agents' DRA rights and the DRA kubelet plugin.
+    #[arg(long)]
+    dra: bool,
     /// Print only the KubeSchedulerConfiguration.
     #[arg(long)]
     scheduler_config: bool,
@@ -97,6 +101,7 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
         share_enforcement: args.share_enforcement,
         nri_socket: args.nri_socket,
         cdi_dir: args.cdi_dir,
+        dra: args.dra,
         ..d
     };
     let text = if args.scheduler_config {

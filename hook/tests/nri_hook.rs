@@ -139,6 +139,7 @@ async fn hook_mode(version: Version) -> anyhow::Result<()> {
         enforcement: ShareEnforcement::Hook,
         mps: Default::default(),
         hook: layout.clone(),
+        claims: Default::default(),
     }));
     let mut synced = plugin.synchronized();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -161,6 +161,7 @@ async fn mps(version: Version) -> anyhow::Result<()> {
             enforcement,
             mps: layout.clone(),
             hook: Default::default(),
+            claims: Default::default(),
         }))
     };
     let p = plugin(ShareEnforcement::Mps);

@@ -46,6 +46,9 @@ struct RunArgs {
     /// Where the CUDA hook is installed and each hook-mode container's limits are written.
     #[arg(long, env = "TESSERA_HOOK_ROOT", default_value = DEFAULT_HOOK_ROOT)]
     hook_root: PathBuf,
+    /// Where Tessera's DRA plugin records the claims it prepared (DRA installs).
+    #[arg(long, env = "TESSERA_DRA_STATE_DIR", default_value = tessera_core::dra::DEFAULT_STATE_DIR)]
+    dra_state_dir: PathBuf,
     /// Serve the node's GPU metrics (Prometheus, `/metrics`) on this address.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -170,6 +173,7 @@ fn plugin(args: &RunArgs) -> anyhow::Result<Arc<TesseraPlugin>> {
             enforcement: args.share_enforcement,
             mps: MpsLayout::new(&args.mps_root),
             hook: HookLayout::new(&args.hook_root),
+            claims: tessera_core::dra::ClaimStore::new(&args.dra_state_dir),
         })
         .reloading_keys_from(args.keys_dir.clone()),
     ))

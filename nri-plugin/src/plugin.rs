@@ -57,6 +57,8 @@ pub struct PluginConfig {
     pub mps: MpsLayout,
     /// Where the CUDA hook and each container's limits live (with [`ShareEnforcement::Hook`]).
     pub hook: HookLayout,
+    /// The DRA claims the node prepared (Tessera's DRA plugin records them).
+    pub claims: tessera_core::dra::ClaimStore,
 }
 
 /// A container Tessera gave GPUs to: whose it is and what it has (for the node's metrics).
@@ -164,12 +166,32 @@ impl TesseraPlugin {
         pod_annotations: &BTreeMap<String, String>,
         container: &str,
         ctr_annotations: &BTreeMap<String, String>,
+        env: &[String],
     ) -> Result<Injection, injection::InjectionError> {
         let ready = |uuid: &str| match self.config.enforcement {
             ShareEnforcement::Mps => self.config.mps.ready(uuid, std::time::SystemTime::now()),
             ShareEnforcement::Hook => self.config.hook.ready(),
             ShareEnforcement::None | ShareEnforcement::Unknown => Ok(()),
         };
+        let claims = tessera_core::dra::marked_claims(env);
+        if !claims.is_empty() {
+            // DRA: the claims the kubelet prepared through Tessera's DRA plugin, as recorded.
+            let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
+            let ctx = NodeContext {
+                node: &self.config.node,
+                keys: &keys,
+                enforcement: self.config.enforcement,
+                share_ready: &ready,
+            };
+            return injection::decide_claims(
+                &ctx,
+                &self.config.claims,
+                &pod.namespace,
+                container,
+                ctr_annotations,
+                &claims,
+            );
+        }
         self.refresh_keys();
         let attempt = || {
             let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
@@ -234,7 +256,7 @@ impl TesseraPlugin {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         match self
-            .decide(pod, &pod_annotations, &container.name, &ctr_annotations)
+            .decide(pod, &pod_annotations, &container.name, &ctr_annotations, &container.env)
             .map_err(|e| e.to_string())?
         {
             Injection::Deny => Ok(adjust::deny(container)),
@@ -708,6 +730,7 @@ mod tests {
             enforcement: ShareEnforcement::None,
             mps: MpsLayout::default(),
             hook: HookLayout::default(),
+            claims: Default::default(),
         })
         .reloading_keys_from(keys_dir.clone());
 
@@ -747,6 +770,99 @@ mod tests {
         );
     }
 
+    /// A container created from a DRA claim (the marker the DRA plugin handed the kubelet, in
+    /// its environment) gets the claim's devices and limits from the node's record, as a
+    /// signed allocation's; a marker naming a claim the node did not prepare, another
+    /// namespace's claim, or a claim next to Tessera's extended resources is refused.
+    #[test]
+    fn a_dra_claims_container_gets_what_the_node_recorded_and_nothing_else() {
+        use tessera_cdi_generator::spec::{self, SpecOptions};
+        use tessera_core::dra::{self, ClaimStore, PreparedClaim, PreparedDevice};
+        use tessera_core::inventory::{FixtureSource, InventorySource};
+
+        let dir = tempfile::tempdir().unwrap();
+        let inv = FixtureSource::new("h100x8").discover().unwrap();
+        let (_, text) = spec::render(&inv, &SpecOptions::default()).unwrap();
+        std::fs::write(dir.path().join("tessera.io-gpu.json"), text).unwrap();
+        let store = ClaimStore::new(&dir.path().join("dra"));
+        let plugin = TesseraPlugin::new(PluginConfig {
+            node: "n".into(),
+            keys: tessera_core::handoff::SigningKeys::new("k", [("k".into(), vec![5u8; 32])])
+                .unwrap()
+                .verifying(),
+            cdi_dirs: vec![dir.path().to_path_buf()],
+            enforcement: ShareEnforcement::None,
+            mps: MpsLayout::default(),
+            hook: HookLayout::default(),
+            claims: store.clone(),
+        });
+        let g = &inv.gpus[2];
+        store
+            .put(&PreparedClaim {
+                uid: "u-1".into(),
+                namespace: "team-a".into(),
+                name: "share".into(),
+                pods: vec!["p".into()],
+                devices: vec![PreparedDevice {
+                    requests: vec!["gpu".into()],
+                    pool: "n".into(),
+                    device: "gpu-2".into(),
+                    share_id: Some("s".into()),
+                    allocated: AllocatedDevice::Gpu {
+                        uuid: g.uuid.clone(),
+                        index: g.index,
+                        minor: g.minor,
+                        core_percent: 30,
+                        memory_mib: 4096,
+                        exclusive: false,
+                    },
+                }],
+            })
+            .unwrap();
+        let pod = |ns: &str| {
+            let mut p = api::PodSandbox::new();
+            p.uid = "p".into();
+            p.name = "trainer".into();
+            p.namespace = ns.into();
+            p
+        };
+        let ctr = |id: &str, uid: &str| {
+            let mut c = api::Container::new();
+            c.id = id.into();
+            c.name = "main".into();
+            c.env = vec![format!("{}={uid}", dra::marker_env(uid)), "PATH=/bin".into()];
+            c
+        };
+        let adj = plugin.adjust(&pod("team-a"), &ctr("c1", "u-1")).unwrap();
+        let env: BTreeMap<String, String> = adj.env.iter().map(|kv| (kv.key.clone(), kv.value.clone())).collect();
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], g.uuid);
+        assert_eq!(
+            (
+                env["TESSERA_GPU_CORE_LIMIT"].as_str(),
+                env["TESSERA_GPU_MEMORY_LIMIT_MIB"].as_str()
+            ),
+            ("30", "4096")
+        );
+        assert!(
+            adj.linux
+                .devices
+                .iter()
+                .any(|d| d.path == format!("/dev/nvidia{}", g.minor))
+        );
+        assert_eq!(plugin.tracked()["c1"].uuids, g.uuid);
+
+        let refused = |p: &api::PodSandbox, c: &api::Container| plugin.adjust(p, c).unwrap_err();
+        assert!(
+            refused(&pod("team-b"), &ctr("c2", "u-1"))
+                .contains("claim team-a/share (u-1) is not a claim of namespace team-b")
+        );
+        assert!(refused(&pod("team-a"), &ctr("c3", "u-9")).contains("claim u-9 is not prepared on this node"));
+        let mut both = ctr("c4", "u-1");
+        both.annotations
+            .insert("tessera.io/allocated.gpu-core".into(), "30".into());
+        assert!(refused(&pod("team-a"), &both).contains("ask through one or the other"));
+    }
+
     /// A card a live container of one pod holds whole is granted to no other pod, even on a
     /// validly signed record (books gone wrong, a replayed signature): refused, naming the
     /// holder; a share is not put on it either; two shares may share a card; once the holder
@@ -770,6 +886,7 @@ mod tests {
             enforcement: ShareEnforcement::None,
             mps: MpsLayout::default(),
             hook: HookLayout::default(),
+            claims: Default::default(),
         });
         let g = &inv.gpus[0];
         let create = |name: &str, device: AllocatedDevice, core: &str| {
@@ -876,6 +993,7 @@ mod tests {
                 enforcement: ShareEnforcement::None,
                 mps: MpsLayout::default(),
                 hook: HookLayout::default(),
+                claims: Default::default(),
             })
             .reloading_keys_from(keys_dir.clone());
             let create = |n: usize| {

@@ -227,6 +227,7 @@ async fn a_running_plugin_serves_them_over_http() -> anyhow::Result<()> {
         enforcement: ShareEnforcement::Mps,
         mps: MpsLayout::new(dir.path().join("mps")),
         hook: HookLayout::default(),
+        claims: Default::default(),
     }));
     let metrics = Arc::new(NodeMetrics {
         telemetry: Some(Box::new(FixtureTelemetry { path: telemetry })),

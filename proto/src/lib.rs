@@ -15,6 +15,20 @@ pub mod deviceplugin {
     tonic::include_proto!("v1beta1");
 }
 
+/// The kubelet's plugin registration API (`pluginregistration`, v1).
+#[cfg(feature = "dra")]
+#[allow(clippy::all, missing_docs)]
+pub mod pluginregistration {
+    tonic::include_proto!("pluginregistration");
+}
+
+/// The kubelet's DRA plugin API `k8s.io.kubelet.pkg.apis.dra.v1` (client and server).
+#[cfg(feature = "dra")]
+#[allow(clippy::all, missing_docs)]
+pub mod dra {
+    tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+}
+
 /// NRI `nri.pkg.api.v1alpha1` (rust-protobuf messages, async ttrpc client and server).
 #[cfg(feature = "nri")]
 #[allow(

@@ -126,6 +126,7 @@ async fn bench(version: Version) -> anyhow::Result<()> {
             enforcement: tessera_core::enforcement::ShareEnforcement::None,
             mps: Default::default(),
             hook: Default::default(),
+            claims: Default::default(),
         }));
         let mut synced = plugin.synchronized();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -173,6 +174,7 @@ async fn bench(version: Version) -> anyhow::Result<()> {
         enforcement: tessera_core::enforcement::ShareEnforcement::None,
         mps: Default::default(),
         hook: Default::default(),
+        claims: Default::default(),
     });
     let mut a = Allocation::new("node-a", "uid-inproc");
     a.containers.push(ContainerAllocation {

@@ -66,6 +66,7 @@ fn no_crate_reaches_up_a_layer() {
         &[
             "tessera-cdi-generator",
             "tessera-device-plugin",
+            "tessera-dra-plugin",
             "tessera-nri-plugin",
             "tessera-mps",
             "tessera-cuda-hook",

@@ -69,6 +69,7 @@ impl Env {
             enforcement: tessera_core::enforcement::ShareEnforcement::None,
             mps: Default::default(),
             hook: Default::default(),
+            claims: Default::default(),
         }))
     }
 

@@ -1,0 +1,636 @@
+//! Dynamic Resource Allocation (Kubernetes 1.34+): the devices a node publishes in its
+//! ResourceSlice, what an allocated claim gives a container, and the node's record of the
+//! claims it prepared.
+//!
+//! A card is one device with consumable capacity (`cores` in percent, `memory`): the scheduler
+//! hands out a whole card (a request that names no capacity consumes all of it) or shares of
+//! it, each recorded in the claim's allocation as `consumedCapacity`. A carved MIG device is a
+//! device of its own. Preparing a claim records what it was given on the node (a file only
+//! root writes) and gives the container a CDI marker that names the claim; Tessera's NRI plugin
+//! turns the record into devices and limits exactly as it does for a signed allocation, so a
+//! DRA share is held by the same enforcement (MPS or the hook) as any other share.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::resource::v1 as resource;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::cdi::{CdiDevice, CdiEdits, CdiSpec};
+use crate::handoff::AllocatedDevice;
+use crate::inventory::{Gpu, NodeInventory};
+use crate::quantity::Amount;
+
+/// The DRA driver name: DeviceClasses select `device.driver == "gpu.tessera.io"`.
+pub const DRIVER: &str = "gpu.tessera.io";
+/// Consumable capacity of a card: guaranteed compute, in percent of the card.
+pub const CAPACITY_CORES: &str = "cores";
+/// Consumable capacity of a card: memory.
+pub const CAPACITY_MEMORY: &str = "memory";
+/// CDI kind of the claim markers the DRA plugin hands the kubelet.
+pub const CLAIM_CDI_KIND: &str = "tessera.io/claim";
+/// Prefix of the environment variable a claim marker sets (`TESSERA_DRA_CLAIM_<uid>`).
+pub const MARKER_ENV_PREFIX: &str = "TESSERA_DRA_CLAIM_";
+/// The kubelet's plugin registry directory (where the registration socket goes).
+pub const REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+/// The DRA plugin's own directory (its DRA socket), as the kubelet sees it.
+pub const PLUGIN_DIR: &str = "/var/lib/kubelet/plugins/gpu.tessera.io";
+/// Default directory of the node's prepared-claim records.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/tessera/dra";
+
+/// Why a claim cannot be prepared, or a container cannot have it.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DraError {
+    /// The claim has no allocation (the scheduler has not allocated it).
+    #[error("claim {claim}: not allocated")]
+    NotAllocated {
+        /// `namespace/name`.
+        claim: String,
+    },
+    /// The API server's claim is another object than the kubelet asked for.
+    #[error("claim {claim}: the kubelet asked for uid {asked}, the API server has uid {found}")]
+    Replaced {
+        /// `namespace/name`.
+        claim: String,
+        /// The uid the kubelet named.
+        asked: String,
+        /// The uid found.
+        found: String,
+    },
+    /// A result names a device this node does not have (or one not allocatable now).
+    #[error("claim {claim}: device {device:?} of pool {pool:?} is not a device of node {node}")]
+    UnknownDevice {
+        /// `namespace/name`.
+        claim: String,
+        /// The pool named.
+        pool: String,
+        /// The device named.
+        device: String,
+        /// This node.
+        node: String,
+    },
+    /// A consumed capacity that is no quantity, or not in the card's units.
+    #[error("claim {claim}: device {device:?}: consumedCapacity {name}={value:?} is invalid: {reason}")]
+    Capacity {
+        /// `namespace/name`.
+        claim: String,
+        /// The device.
+        device: String,
+        /// The capacity's name.
+        name: String,
+        /// Its value.
+        value: String,
+        /// Why.
+        reason: String,
+    },
+    /// A container names a claim that was not prepared on this node.
+    #[error("claim {uid} is not prepared on this node")]
+    NotPrepared {
+        /// The claim's uid.
+        uid: String,
+    },
+    /// A container names a claim of another namespace (a pod can only use its own
+    /// namespace's claims).
+    #[error("claim {claim} ({uid}) is not a claim of namespace {namespace}")]
+    OtherNamespace {
+        /// `namespace/name`.
+        claim: String,
+        /// The claim's uid.
+        uid: String,
+        /// The pod's namespace.
+        namespace: String,
+    },
+}
+
+/// The slice device name of a card (`gpu-0`) and of a MIG device (`gpu-0-mig-1-0`).
+pub fn device_name(gpu: &Gpu, mig: Option<(u32, u32)>) -> String {
+    match mig {
+        None => format!("gpu-{}", gpu.index),
+        Some((gi, ci)) => format!("gpu-{}-mig-{gi}-{ci}", gpu.index),
+    }
+}
+
+fn string(s: &str) -> resource::DeviceAttribute {
+    resource::DeviceAttribute {
+        string: Some(s.to_string()),
+        ..Default::default()
+    }
+}
+
+fn int(i: i64) -> resource::DeviceAttribute {
+    resource::DeviceAttribute {
+        int: Some(i),
+        ..Default::default()
+    }
+}
+
+fn boolean(b: bool) -> resource::DeviceAttribute {
+    resource::DeviceAttribute {
+        bool: Some(b),
+        ..Default::default()
+    }
+}
+
+fn q(s: String) -> Quantity {
+    Quantity(s)
+}
+
+/// The devices node `inv` publishes: every healthy card that is not in MIG mode, shareable by
+/// consumable capacity (`cores` 1..100 in steps of 1, `memory` in steps of `memory_unit_mib`,
+/// a request naming neither takes the whole card), and every carved MIG device of a healthy
+/// card. Unhealthy cards are left out until they recover.
+pub fn slice_devices(inv: &NodeInventory, memory_unit_mib: u64) -> Vec<resource::Device> {
+    let unit = memory_unit_mib.max(1);
+    let mut out = Vec::new();
+    for gpu in inv.gpus.iter().filter(|g| g.health.is_healthy()) {
+        let common = [
+            ("uuid", string(&gpu.uuid)),
+            ("model", string(&gpu.model)),
+            ("index", int(i64::from(gpu.index))),
+            ("driverVersion", string(&inv.driver_version)),
+        ];
+        if gpu.mig_enabled {
+            for m in &gpu.mig_devices {
+                let mut attributes: BTreeMap<String, resource::DeviceAttribute> =
+                    common.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+                attributes.insert("uuid".into(), string(&m.uuid));
+                attributes.insert("parentUUID".into(), string(&gpu.uuid));
+                attributes.insert("type".into(), string("mig"));
+                attributes.insert("profile".into(), string(&m.profile.to_string()));
+                attributes.insert("shareable".into(), boolean(false));
+                out.push(resource::Device {
+                    name: device_name(gpu, Some((m.gi, m.ci))),
+                    attributes: Some(attributes),
+                    capacity: Some(BTreeMap::from([(
+                        CAPACITY_MEMORY.to_string(),
+                        resource::DeviceCapacity {
+                            value: q(format!("{}Mi", m.memory_mib)),
+                            request_policy: None,
+                        },
+                    )])),
+                    ..Default::default()
+                });
+            }
+            continue;
+        }
+        let mut attributes: BTreeMap<String, resource::DeviceAttribute> =
+            common.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        attributes.insert("type".into(), string("gpu"));
+        attributes.insert("shareable".into(), boolean(true));
+        // The memory a share may ask: whole units, the default (and most) all whole units.
+        let max_memory = (gpu.memory_mib / unit).max(1) * unit;
+        let capacity = BTreeMap::from([
+            (
+                CAPACITY_CORES.to_string(),
+                resource::DeviceCapacity {
+                    value: q("100".into()),
+                    request_policy: Some(resource::CapacityRequestPolicy {
+                        default: Some(q("100".into())),
+                        valid_range: Some(resource::CapacityRequestPolicyRange {
+                            min: q("1".into()),
+                            max: Some(q("100".into())),
+                            step: Some(q("1".into())),
+                        }),
+                        valid_values: None,
+                    }),
+                },
+            ),
+            (
+                CAPACITY_MEMORY.to_string(),
+                resource::DeviceCapacity {
+                    value: q(format!("{}Mi", gpu.memory_mib.max(unit))),
+                    request_policy: Some(resource::CapacityRequestPolicy {
+                        default: Some(q(format!("{max_memory}Mi"))),
+                        valid_range: Some(resource::CapacityRequestPolicyRange {
+                            min: q(format!("{unit}Mi")),
+                            max: Some(q(format!("{max_memory}Mi"))),
+                            step: Some(q(format!("{unit}Mi"))),
+                        }),
+                        valid_values: None,
+                    }),
+                },
+            ),
+        ]);
+        out.push(resource::Device {
+            name: device_name(gpu, None),
+            attributes: Some(attributes),
+            capacity: Some(capacity),
+            allow_multiple_allocations: Some(true),
+            ..Default::default()
+        });
+    }
+    out
+}
+
+/// The name of node `node`'s ResourceSlice.
+pub fn slice_name(node: &str) -> String {
+    format!("{node}-{DRIVER}")
+}
+
+/// Node `node`'s ResourceSlice: one pool named after the node, at `generation`.
+pub fn slice(node: &str, generation: i64, devices: Vec<resource::Device>) -> resource::ResourceSlice {
+    resource::ResourceSlice {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(slice_name(node)),
+            ..Default::default()
+        },
+        spec: resource::ResourceSliceSpec {
+            driver: DRIVER.into(),
+            node_name: Some(node.into()),
+            pool: resource::ResourcePool {
+                name: node.into(),
+                generation,
+                resource_slice_count: 1,
+            },
+            devices: Some(devices),
+            ..Default::default()
+        },
+    }
+}
+
+/// One device of a prepared claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedDevice {
+    /// The claim's requests this device serves.
+    pub requests: Vec<String>,
+    /// The pool (this node's name).
+    pub pool: String,
+    /// The slice device name.
+    pub device: String,
+    /// Which allocation of a shared device this is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+    /// What the container gets: a whole card, a share of one, or a MIG device.
+    pub allocated: AllocatedDevice,
+}
+
+/// A claim as the node prepared it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedClaim {
+    /// The claim's uid.
+    pub uid: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The uids of the pods it is reserved for (`status.reservedFor`).
+    pub pods: Vec<String>,
+    /// Its devices on this node.
+    pub devices: Vec<PreparedDevice>,
+}
+
+impl PreparedClaim {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What claim `claim` (as the API server has it) gives on node `node` with cards `inv`. Only
+/// results of Tessera's driver in this node's pool count; a device the node does not have now
+/// (unknown, unhealthy, a card in MIG mode asked whole) refuses the claim. A result that
+/// consumed less than the whole card's compute is a share, held to what it consumed.
+pub fn prepare(
+    inv: &NodeInventory,
+    node: &str,
+    asked_uid: &str,
+    claim: &resource::ResourceClaim,
+) -> Result<PreparedClaim, DraError> {
+    let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let key = format!("{namespace}/{name}");
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    if uid != asked_uid {
+        return Err(DraError::Replaced {
+            claim: key,
+            asked: asked_uid.into(),
+            found: uid,
+        });
+    }
+    let status = claim.status.as_ref();
+    let results = status
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .ok_or_else(|| DraError::NotAllocated { claim: key.clone() })?;
+    let pods = status
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+        .map(|r| r.uid.clone())
+        .collect();
+    let mut devices: Vec<PreparedDevice> = Vec::new();
+    for r in results.iter().filter(|r| r.driver == DRIVER) {
+        let unknown = || DraError::UnknownDevice {
+            claim: key.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            node: node.into(),
+        };
+        if r.pool != node {
+            return Err(unknown());
+        }
+        let allocated = allocated_device(inv, &key, r)?.ok_or_else(unknown)?;
+        // One device serving several requests of the claim is listed once.
+        if let Some(d) = devices
+            .iter_mut()
+            .find(|d| d.device == r.device && d.share_id == r.share_id)
+        {
+            d.requests.push(r.request.clone());
+            continue;
+        }
+        devices.push(PreparedDevice {
+            requests: vec![r.request.clone()],
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            share_id: r.share_id.clone(),
+            allocated,
+        });
+    }
+    Ok(PreparedClaim {
+        uid,
+        namespace,
+        name,
+        pods,
+        devices,
+    })
+}
+
+/// The device result `r` names on this node, with the share it consumed; `None` when the node
+/// has no such allocatable device.
+fn allocated_device(
+    inv: &NodeInventory,
+    claim: &str,
+    r: &resource::DeviceRequestAllocationResult,
+) -> Result<Option<AllocatedDevice>, DraError> {
+    for gpu in inv.gpus.iter().filter(|g| g.health.is_healthy()) {
+        if gpu.mig_enabled {
+            if let Some(m) = gpu
+                .mig_devices
+                .iter()
+                .find(|m| device_name(gpu, Some((m.gi, m.ci))) == r.device)
+            {
+                return Ok(Some(AllocatedDevice::Mig {
+                    uuid: m.uuid.clone(),
+                    profile: m.profile.clone(),
+                    parent_uuid: gpu.uuid.clone(),
+                    parent_index: gpu.index,
+                    gi: m.gi,
+                    ci: m.ci,
+                }));
+            }
+            continue;
+        }
+        if device_name(gpu, None) != r.device {
+            continue;
+        }
+        let consumed = |name: &str| -> Result<Option<u64>, DraError> {
+            let Some(v) = r.consumed_capacity.as_ref().and_then(|c| c.get(name)) else {
+                return Ok(None);
+            };
+            let bad = |reason: String| DraError::Capacity {
+                claim: claim.into(),
+                device: r.device.clone(),
+                name: name.into(),
+                value: v.0.clone(),
+                reason,
+            };
+            let amount = Amount::parse(&v.0).map_err(|e| bad(e.to_string()))?;
+            let n = match name {
+                CAPACITY_MEMORY => amount.ceil().div_ceil(1 << 20),
+                _ => amount.as_integer().ok_or_else(|| bad("not a whole number".into()))?,
+            };
+            Ok(Some(n))
+        };
+        let cores = consumed(CAPACITY_CORES)?;
+        let memory = consumed(CAPACITY_MEMORY)?;
+        // No consumed capacity (a cluster without consumable capacity) or all of the card's
+        // compute: the whole card, exclusively.
+        let whole = cores.is_none_or(|c| c >= 100);
+        if whole {
+            return Ok(Some(AllocatedDevice::whole(gpu)));
+        }
+        let core_percent = u32::try_from(cores.unwrap_or(0)).unwrap_or(100);
+        if core_percent == 0 {
+            return Err(DraError::Capacity {
+                claim: claim.into(),
+                device: r.device.clone(),
+                name: CAPACITY_CORES.into(),
+                value: "0".into(),
+                reason: "a share needs at least 1% of the card".into(),
+            });
+        }
+        let memory_mib = memory.unwrap_or(gpu.memory_mib).min(gpu.memory_mib);
+        return Ok(Some(AllocatedDevice::Gpu {
+            uuid: gpu.uuid.clone(),
+            index: gpu.index,
+            minor: gpu.minor,
+            core_percent,
+            memory_mib,
+            exclusive: false,
+        }));
+    }
+    Ok(None)
+}
+
+/// Whether `s` can be an object uid (letters, digits and `-`, at most 64): what makes it safe
+/// as a file name.
+pub fn is_uid(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// The environment variable of claim `uid`'s marker.
+pub fn marker_env(uid: &str) -> String {
+    format!("{MARKER_ENV_PREFIX}{}", uid.replace('-', "_"))
+}
+
+/// The CDI device name of claim `uid`'s marker (qualified: `tessera.io/claim=<uid>`).
+pub fn marker_device(uid: &str) -> String {
+    format!("{CLAIM_CDI_KIND}={uid}")
+}
+
+/// The CDI spec file name of claim `uid`'s marker.
+pub fn marker_file(uid: &str) -> String {
+    format!("tessera.io-claim-{uid}.json")
+}
+
+/// The CDI spec of claim `uid`'s marker: one device that sets `TESSERA_DRA_CLAIM_<uid>=<uid>`.
+pub fn marker_spec(uid: &str) -> CdiSpec {
+    CdiSpec {
+        cdi_version: "0.5.0".into(),
+        kind: CLAIM_CDI_KIND.into(),
+        devices: vec![CdiDevice {
+            name: uid.into(),
+            annotations: BTreeMap::new(),
+            container_edits: CdiEdits {
+                env: vec![format!("{}={uid}", marker_env(uid))],
+                ..Default::default()
+            },
+        }],
+        container_edits: CdiEdits::default(),
+    }
+}
+
+/// The claim uids a container's environment names through markers (`KEY=value` entries).
+pub fn marked_claims(env: &[String]) -> Vec<String> {
+    let mut uids: Vec<String> = env
+        .iter()
+        .filter_map(|e| e.split_once('='))
+        .filter(|(k, v)| k.starts_with(MARKER_ENV_PREFIX) && *k == marker_env(v))
+        .map(|(_, v)| v.to_string())
+        .collect();
+    uids.sort();
+    uids.dedup();
+    uids
+}
+
+/// The devices the claims `uids` give a container of a pod in `namespace`, from the node's
+/// records: every claim must be prepared here and be of the pod's namespace. (Kubernetes lets
+/// a pod use only its own namespace's claims; the pods a claim is reserved for grow after it
+/// was prepared, when another pod shares it, so the namespace, not the recorded pods, is
+/// what is checked.)
+pub fn devices_for(store: &ClaimStore, namespace: &str, uids: &[String]) -> Result<Vec<AllocatedDevice>, DraError> {
+    let mut out: Vec<AllocatedDevice> = Vec::new();
+    for uid in uids {
+        let claim = store
+            .get(uid)
+            .ok()
+            .flatten()
+            .ok_or_else(|| DraError::NotPrepared { uid: uid.clone() })?;
+        if claim.namespace != namespace {
+            return Err(DraError::OtherNamespace {
+                claim: claim.key(),
+                uid: uid.clone(),
+                namespace: namespace.into(),
+            });
+        }
+        for d in claim.devices {
+            if !out.contains(&d.allocated) {
+                out.push(d.allocated);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The node's prepared-claim records: one JSON file per claim uid, written whole (temporary
+/// file and rename) in a directory only root can write.
+#[derive(Debug, Clone)]
+pub struct ClaimStore {
+    dir: PathBuf,
+}
+
+impl Default for ClaimStore {
+    /// The records under [`DEFAULT_STATE_DIR`].
+    fn default() -> Self {
+        Self::new(Path::new(DEFAULT_STATE_DIR))
+    }
+}
+
+impl ClaimStore {
+    /// The records under `state_dir/claims`.
+    pub fn new(state_dir: &Path) -> Self {
+        Self {
+            dir: state_dir.join("claims"),
+        }
+    }
+
+    /// The records' directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, uid: &str) -> Option<PathBuf> {
+        is_uid(uid).then(|| self.dir.join(format!("{uid}.json")))
+    }
+
+    /// Claim `uid`'s record, if the node prepared it.
+    pub fn get(&self, uid: &str) -> std::io::Result<Option<PreparedClaim>> {
+        let Some(path) = self.path(uid) else { return Ok(None) };
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Records `claim` (replacing an earlier record of it).
+    pub fn put(&self, claim: &PreparedClaim) -> std::io::Result<()> {
+        let path = self.path(&claim.uid).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("claim uid {:?} is invalid", claim.uid),
+            )
+        })?;
+        let text = serde_json::to_vec_pretty(claim).map_err(std::io::Error::other)?;
+        write_atomic(&self.dir, &path, &text, 0o700, 0o600)
+    }
+
+    /// Forgets claim `uid` (no error when it was not recorded).
+    pub fn remove(&self, uid: &str) -> std::io::Result<()> {
+        let Some(path) = self.path(uid) else { return Ok(()) };
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every recorded claim (unreadable records are skipped and named in the error list).
+    pub fn list(&self) -> (Vec<PreparedClaim>, Vec<String>) {
+        let (mut claims, mut bad) = (Vec::new(), Vec::new());
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return (claims, bad);
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(uid) = name.strip_suffix(".json") else {
+                continue;
+            };
+            match self.get(uid) {
+                Ok(Some(c)) => claims.push(c),
+                Ok(None) => {}
+                Err(err) => bad.push(err.to_string()),
+            }
+        }
+        claims.sort_by(|a, b| a.uid.cmp(&b.uid));
+        (claims, bad)
+    }
+}
+
+/// Writes `bytes` to `path` in `dir` through a temporary file and a rename, so a reader never
+/// sees half a file; the directory is created with mode `dir_mode`, the file gets `file_mode`.
+pub fn write_atomic(dir: &Path, path: &Path, bytes: &[u8], dir_mode: u32, file_mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    std::fs::DirBuilder::new().recursive(true).mode(dir_mode).create(dir)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(file_mode)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,291 @@
+use k8s_openapi::api::resource::v1 as resource;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::*;
+use crate::inventory::{FixtureSource, Health, InventorySource};
+
+fn inv(fixture: &str) -> NodeInventory {
+    FixtureSource::new(fixture).discover().unwrap()
+}
+
+fn result(device: &str, consumed: &[(&str, &str)]) -> resource::DeviceRequestAllocationResult {
+    resource::DeviceRequestAllocationResult {
+        driver: DRIVER.into(),
+        pool: "node-a".into(),
+        device: device.into(),
+        request: "gpu".into(),
+        share_id: (!consumed.is_empty()).then(|| "7f1c".to_string()),
+        consumed_capacity: (!consumed.is_empty()).then(|| {
+            consumed
+                .iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect()
+        }),
+        ..Default::default()
+    }
+}
+
+fn claim(results: Vec<resource::DeviceRequestAllocationResult>, pods: &[&str]) -> resource::ResourceClaim {
+    resource::ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some("c".into()),
+            namespace: Some("team-a".into()),
+            uid: Some("u-1".into()),
+            ..Default::default()
+        },
+        spec: Default::default(),
+        status: Some(resource::ResourceClaimStatus {
+            allocation: Some(resource::AllocationResult {
+                devices: Some(resource::DeviceAllocationResult {
+                    results: Some(results),
+                    config: None,
+                }),
+                ..Default::default()
+            }),
+            reserved_for: Some(
+                pods.iter()
+                    .map(|p| resource::ResourceClaimConsumerReference {
+                        resource: "pods".into(),
+                        name: format!("pod-{p}"),
+                        uid: p.to_string(),
+                        api_group: None,
+                    })
+                    .collect(),
+            ),
+            devices: None,
+        }),
+    }
+}
+
+#[test]
+fn a_node_publishes_each_healthy_card_with_consumable_capacity_and_carved_mig_devices() {
+    let mut t4 = inv("t4x2");
+    let devices = slice_devices(&t4, 1024);
+    assert_eq!(
+        devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+        ["gpu-0", "gpu-1"]
+    );
+    let d = &devices[0];
+    assert_eq!(d.allow_multiple_allocations, Some(true));
+    let cap = d.capacity.as_ref().unwrap();
+    let mem = &cap[CAPACITY_MEMORY];
+    let mib = t4.gpus[0].memory_mib;
+    assert_eq!(mem.value.0, format!("{mib}Mi"));
+    let range = mem.request_policy.as_ref().unwrap().valid_range.as_ref().unwrap();
+    // Whole GiB only, the most a share may take is the card's whole GiB.
+    assert_eq!(range.step.as_ref().unwrap().0, "1024Mi");
+    assert_eq!(range.max.as_ref().unwrap().0, format!("{}Mi", mib / 1024 * 1024));
+    assert_eq!(
+        cap[CAPACITY_CORES]
+            .request_policy
+            .as_ref()
+            .unwrap()
+            .default
+            .as_ref()
+            .unwrap()
+            .0,
+        "100"
+    );
+    let attrs = d.attributes.as_ref().unwrap();
+    assert_eq!(attrs["uuid"].string.as_deref(), Some(t4.gpus[0].uuid.as_str()));
+    // An unhealthy card is not offered.
+    t4.gpus[1].health = Health::Unhealthy {
+        reason: "XID 79".into(),
+    };
+    assert_eq!(slice_devices(&t4, 1024).len(), 1);
+
+    let mig = inv("a100-mig");
+    let devices = slice_devices(&mig, 1024);
+    for gpu in &mig.gpus {
+        let named: Vec<&str> = devices
+            .iter()
+            .filter(|d| {
+                d.attributes
+                    .as_ref()
+                    .unwrap()
+                    .get("parentUUID")
+                    .and_then(|a| a.string.as_deref())
+                    == Some(gpu.uuid.as_str())
+            })
+            .map(|d| d.name.as_str())
+            .collect();
+        if gpu.mig_enabled {
+            assert_eq!(named.len(), gpu.mig_devices.len(), "{named:?}");
+            assert!(
+                !devices.iter().any(|d| d.name == device_name(gpu, None)),
+                "a MIG-mode card is not offered whole"
+            );
+        }
+    }
+    assert!(devices.iter().all(|d| d.name.len() <= 63));
+}
+
+#[test]
+fn a_claim_with_no_consumed_capacity_gets_the_whole_card_and_a_share_its_capacity() {
+    let t4 = inv("t4x2");
+    let whole = prepare(&t4, "node-a", "u-1", &claim(vec![result("gpu-1", &[])], &["p1"])).unwrap();
+    assert_eq!(whole.devices.len(), 1);
+    assert_eq!(whole.devices[0].allocated, AllocatedDevice::whole(&t4.gpus[1]));
+    assert_eq!(whole.pods, ["p1"]);
+    let all = prepare(
+        &t4,
+        "node-a",
+        "u-1",
+        &claim(vec![result("gpu-1", &[("cores", "100"), ("memory", "15Gi")])], &[]),
+    )
+    .unwrap();
+    assert!(matches!(
+        all.devices[0].allocated,
+        AllocatedDevice::Gpu { exclusive: true, .. }
+    ));
+    let share = prepare(
+        &t4,
+        "node-a",
+        "u-1",
+        &claim(
+            vec![result("gpu-0", &[("cores", "30"), ("memory", "4Gi")])],
+            &["p1", "p2"],
+        ),
+    )
+    .unwrap();
+    assert_eq!(
+        share.devices[0].allocated,
+        AllocatedDevice::Gpu {
+            uuid: t4.gpus[0].uuid.clone(),
+            index: 0,
+            minor: t4.gpus[0].minor,
+            core_percent: 30,
+            memory_mib: 4096,
+            exclusive: false,
+        }
+    );
+    assert_eq!(share.devices[0].share_id.as_deref(), Some("7f1c"));
+    // Results of other drivers are not Tessera's to prepare.
+    let mut other = result("nic-0", &[]);
+    other.driver = "net.example.com".into();
+    let mixed = prepare(&t4, "node-a", "u-1", &claim(vec![other, result("gpu-0", &[])], &[])).unwrap();
+    assert_eq!(mixed.devices.len(), 1);
+}
+
+#[test]
+fn claims_the_node_cannot_honour_are_refused_with_what_is_wrong() {
+    let t4 = inv("t4x2");
+    let err = |c: &resource::ResourceClaim, uid: &str| prepare(&t4, "node-a", uid, c).unwrap_err().to_string();
+    assert!(
+        err(&claim(vec![result("gpu-9", &[])], &[]), "u-1")
+            .contains("device \"gpu-9\" of pool \"node-a\" is not a device of node node-a")
+    );
+    let mut elsewhere = result("gpu-0", &[]);
+    elsewhere.pool = "node-b".into();
+    assert!(err(&claim(vec![elsewhere], &[]), "u-1").contains("pool \"node-b\""));
+    assert!(
+        err(&claim(vec![result("gpu-0", &[])], &[]), "u-2")
+            .contains("the kubelet asked for uid u-2, the API server has uid u-1")
+    );
+    let mut unallocated = claim(vec![], &[]);
+    unallocated.status = None;
+    assert_eq!(err(&unallocated, "u-1"), "claim team-a/c: not allocated");
+    assert!(
+        err(
+            &claim(vec![result("gpu-0", &[("cores", "2.5"), ("memory", "4Gi")])], &[]),
+            "u-1"
+        )
+        .contains("consumedCapacity cores=\"2.5\" is invalid: not a whole number")
+    );
+    assert!(
+        err(
+            &claim(vec![result("gpu-0", &[("cores", "0"), ("memory", "4Gi")])], &[]),
+            "u-1"
+        )
+        .contains("at least 1%")
+    );
+    // A card that went unhealthy after allocation is not handed out.
+    let mut sick = t4.clone();
+    sick.gpus[0].health = Health::Unhealthy {
+        reason: "XID 48".into(),
+    };
+    assert!(prepare(&sick, "node-a", "u-1", &claim(vec![result("gpu-0", &[])], &[])).is_err());
+}
+
+#[test]
+fn a_container_gets_a_claims_devices_only_when_the_claim_is_prepared_here_and_of_its_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ClaimStore::new(dir.path());
+    let t4 = inv("t4x2");
+    let c = prepare(
+        &t4,
+        "node-a",
+        "u-1",
+        &claim(vec![result("gpu-0", &[("cores", "30"), ("memory", "4Gi")])], &["p1"]),
+    )
+    .unwrap();
+    store.put(&c).unwrap();
+    let env = vec![format!("{}=u-1", marker_env("u-1")), "PATH=/bin".to_string()];
+    let uids = marked_claims(&env);
+    assert_eq!(uids, ["u-1"]);
+    assert_eq!(
+        devices_for(&store, "team-a", &uids).unwrap(),
+        vec![c.devices[0].allocated.clone()]
+    );
+    // Another namespace's pod naming the claim (its env is its own to write) gets nothing.
+    assert_eq!(
+        devices_for(&store, "team-b", &uids).unwrap_err().to_string(),
+        "claim team-a/c (u-1) is not a claim of namespace team-b"
+    );
+    assert_eq!(
+        devices_for(&store, "team-a", &["u-9".to_string()])
+            .unwrap_err()
+            .to_string(),
+        "claim u-9 is not prepared on this node"
+    );
+    // A marker whose name and value disagree names nothing; a path is no uid.
+    assert!(marked_claims(&[format!("{}=u-9", marker_env("u-1"))]).is_empty());
+    assert!(store.get("../../etc/passwd").unwrap().is_none());
+}
+
+#[test]
+fn records_are_written_whole_for_root_only_and_removed_idempotently() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let store = ClaimStore::new(dir.path());
+    let t4 = inv("t4x2");
+    let c = prepare(&t4, "node-a", "u-1", &claim(vec![result("gpu-0", &[])], &["p1"])).unwrap();
+    store.put(&c).unwrap();
+    store.put(&c).unwrap();
+    assert_eq!(store.get("u-1").unwrap(), Some(c.clone()));
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(store.dir()), 0o700);
+    assert_eq!(mode(&store.dir().join("u-1.json")), 0o600);
+    assert_eq!(store.list(), (vec![c], vec![]));
+    std::fs::write(store.dir().join("u-2.json"), "{").unwrap();
+    let (claims, bad) = store.list();
+    assert_eq!((claims.len(), bad.len()), (1, 1), "{bad:?}");
+    store.remove("u-1").unwrap();
+    store.remove("u-1").unwrap();
+    assert_eq!(store.get("u-1").unwrap(), None);
+    assert!(
+        std::fs::read_dir(store.dir())
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().contains(".tmp-"))
+    );
+}
+
+#[test]
+fn a_claims_marker_is_a_valid_cdi_spec_that_sets_only_its_variable() {
+    let spec = marker_spec("0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a");
+    spec.validate().unwrap();
+    assert_eq!(
+        marker_device("0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a"),
+        "tessera.io/claim=0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a"
+    );
+    assert_eq!(
+        spec.devices[0].container_edits.env,
+        ["TESSERA_DRA_CLAIM_0b6c7a2e_1d2f_4c59_9a41_3f1e2d3c4b5a=0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a"]
+    );
+    assert_eq!(
+        marked_claims(&spec.devices[0].container_edits.env),
+        ["0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a"]
+    );
+}

@@ -1,0 +1,113 @@
+//! The DRA install (`--dra`, Kubernetes 1.34+): the DeviceClasses users' claims name, the node
+//! agents' rights to their own node's ResourceSlice and to read claims, and the policy that
+//! keeps each node to its own slice.
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy, ValidatingAdmissionPolicySpec,
+    Validation,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::resource::v1::{CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector};
+use tessera_core::dra::DRIVER;
+
+use super::guards::{NODE_NAME_EXTRA, deny_binding};
+use super::{ManifestOptions, NODE, cluster_binding, meta, rule};
+
+/// The class of whole cards and shares of them (a claim that names no capacity gets a whole
+/// card; `capacity.requests` of `cores` and `memory` make it a share).
+pub const GPU_CLASS: &str = "gpu.tessera.io";
+/// The class of carved MIG devices.
+pub const MIG_CLASS: &str = "mig.gpu.tessera.io";
+/// The node agents' DRA rights.
+pub const NODE_DRA_ROLE: &str = "tessera-node-dra";
+/// The policy (and its binding) keeping each node agent to its own ResourceSlice.
+pub const OWN_SLICE_POLICY: &str = "tessera-node-own-slice";
+
+fn class(name: &str, device_type: &str) -> DeviceClass {
+    DeviceClass {
+        metadata: meta(name, None),
+        spec: DeviceClassSpec {
+            selectors: Some(vec![DeviceSelector {
+                cel: Some(CELDeviceSelector {
+                    expression: format!(
+                        "device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == '{device_type}'"
+                    ),
+                }),
+            }]),
+            ..Default::default()
+        },
+    }
+}
+
+/// The DeviceClasses.
+pub fn device_classes() -> Vec<DeviceClass> {
+    vec![class(GPU_CLASS, "gpu"), class(MIG_CLASS, "mig")]
+}
+
+/// The node agents' rights: their node's ResourceSlice (kept to their own node by
+/// [`own_slice_guard`]) and reading the claims the kubelet asks them to prepare.
+pub fn node_rbac(opts: &ManifestOptions) -> (ClusterRole, ClusterRoleBinding) {
+    let role = ClusterRole {
+        metadata: meta(NODE_DRA_ROLE, None),
+        rules: Some(vec![
+            rule(
+                &["resource.k8s.io"],
+                &["resourceslices"],
+                &["get", "list", "watch", "create", "update", "delete"],
+            ),
+            rule(&["resource.k8s.io"], &["resourceclaims"], &["get"]),
+        ]),
+        ..Default::default()
+    };
+    (
+        role,
+        cluster_binding(NODE_DRA_ROLE, NODE_DRA_ROLE, NODE, &opts.namespace),
+    )
+}
+
+/// The node agents may write a ResourceSlice only for the node their token was issued on.
+pub fn own_slice_guard(
+    opts: &ManifestOptions,
+) -> (
+    ValidatingAdmissionPolicy,
+    k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
+) {
+    let agent = format!("system:serviceaccount:{}:{NODE}", opts.namespace);
+    let v = |s: &[&str]| Some(s.iter().map(|x| x.to_string()).collect::<Vec<_>>());
+    let policy = ValidatingAdmissionPolicy {
+        metadata: meta(OWN_SLICE_POLICY, None),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: v(&["resource.k8s.io"]),
+                    api_versions: v(&["*"]),
+                    operations: v(&["CREATE", "UPDATE", "DELETE"]),
+                    resources: v(&["resourceslices"]),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            match_conditions: Some(vec![MatchCondition {
+                name: "tessera-node-agent".into(),
+                expression: format!("request.userInfo.username == '{agent}'"),
+            }]),
+            validations: Some(vec![Validation {
+                expression: format!(
+                    "'{NODE_NAME_EXTRA}' in request.userInfo.extra && \
+                     (request.operation == 'DELETE' ? oldObject : object).spec.driver == '{DRIVER}' && \
+                     has((request.operation == 'DELETE' ? oldObject : object).spec.nodeName) && \
+                     request.userInfo.extra['{NODE_NAME_EXTRA}'][0] == (request.operation == 'DELETE' ? oldObject : object).spec.nodeName"
+                ),
+                message: Some(format!(
+                    "a Tessera node agent ({agent}) writes only its own node's {DRIVER} ResourceSlice"
+                )),
+                reason: Some("Forbidden".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    (policy, deny_binding(OWN_SLICE_POLICY))
+}

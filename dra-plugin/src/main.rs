@@ -1,0 +1,99 @@
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use tessera_core::dra::{PLUGIN_DIR, REGISTRY_DIR};
+use tessera_core::inventory::{FixtureSource, InventorySource};
+use tessera_core::request::DEFAULT_MEMORY_UNIT_MIB;
+use tessera_dra_plugin::driver::ApiClaims;
+use tessera_dra_plugin::service::{self, Config};
+use tessera_dra_plugin::slices::SlicePublisher;
+use tessera_node::inventory::NvmlSource;
+
+/// Tessera's kubelet DRA plugin (driver gpu.tessera.io, Kubernetes 1.34+).
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// This node's name.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// The kubelet's plugin registry directory.
+    #[arg(long, default_value = REGISTRY_DIR)]
+    registry_dir: PathBuf,
+    /// The directory of this plugin's DRA socket (as the kubelet sees it).
+    #[arg(long, default_value = PLUGIN_DIR)]
+    plugin_dir: PathBuf,
+    /// CDI spec directory the container runtime reads (claim markers are written there).
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// Where prepared claims are recorded (read by Tessera's NRI plugin).
+    #[arg(long, default_value = tessera_core::dra::DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// MiB per step of a share's memory (a cluster-wide setting, as the device plugin's).
+    #[arg(long, default_value_t = DEFAULT_MEMORY_UNIT_MIB)]
+    memory_unit_mib: u64,
+    /// Fixture file (or built-in name) instead of NVML.
+    #[arg(long)]
+    fixture: Option<PathBuf>,
+    /// Where this process sees the host's / (the node DaemonSet mounts it at /host).
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
+    /// Host directory of the NVIDIA driver (default: detected).
+    #[arg(long)]
+    driver_root: Option<PathBuf>,
+    /// How often the node's GPUs are read, seconds.
+    #[arg(long, default_value_t = 30)]
+    poll_secs: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let cli = Cli::parse();
+    if cli.memory_unit_mib == 0 {
+        anyhow::bail!("--memory-unit-mib=0: the memory unit must be at least 1 MiB");
+    }
+    if cli.node_name.is_empty() {
+        anyhow::bail!("--node-name (NODE_NAME) is empty: the pool is named after the node");
+    }
+    let source: Box<dyn InventorySource + Send + Sync> = match &cli.fixture {
+        Some(f) => {
+            let fixture = FixtureSource::new(f);
+            fixture
+                .discover()
+                .map_err(|e| anyhow::anyhow!("--fixture {}: {e}", f.display()))?;
+            Box::new(fixture)
+        }
+        None => Box::new(NvmlSource {
+            host_root: cli.host_root.clone(),
+            driver_root: cli.driver_root.clone(),
+            ..Default::default()
+        }),
+    };
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| anyhow::anyhow!("no Kubernetes API server (in-cluster or KUBECONFIG): {e}"))?;
+    let slices = SlicePublisher::new(kube::Api::all(client.clone()), &cli.node_name);
+    let config = Config {
+        node: cli.node_name,
+        registry_dir: cli.registry_dir,
+        plugin_dir: cli.plugin_dir,
+        cdi_dir: cli.cdi_dir,
+        state_dir: cli.state_dir,
+        memory_unit_mib: cli.memory_unit_mib,
+        poll: Duration::from_secs(cli.poll_secs.max(1)),
+    };
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    service::run(config, source, Arc::new(ApiClaims(client)), Some(slices), async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    })
+    .await
+}

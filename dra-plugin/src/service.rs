@@ -1,0 +1,134 @@
+//! Runs the plugin: the DRA service and the registration service on their sockets, the node's
+//! cards read every poll, the slice republished when they change.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_core::dra::{self, ClaimStore};
+use tessera_core::inventory::{InventorySource, NodeInventory};
+use tessera_proto::dra::dra_plugin_server::DraPluginServer;
+use tessera_proto::pluginregistration::registration_server::RegistrationServer;
+use tokio::sync::watch;
+use tokio_stream::wrappers::UnixListenerStream;
+use tracing::{info, warn};
+
+use crate::driver::{ClaimSource, DraService, Preparer};
+use crate::registration::{self, Registrar};
+use crate::slices::SlicePublisher;
+
+/// The DRA socket's file name.
+pub const DRA_SOCKET: &str = "dra.sock";
+
+/// Settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// This node's name (the pool's name).
+    pub node: String,
+    /// The kubelet's registry directory.
+    pub registry_dir: PathBuf,
+    /// The directory of the DRA socket.
+    pub plugin_dir: PathBuf,
+    /// Where claim markers are written (a CDI directory the runtime reads).
+    pub cdi_dir: PathBuf,
+    /// Where prepared claims are recorded.
+    pub state_dir: PathBuf,
+    /// MiB per step of a share's memory.
+    pub memory_unit_mib: u64,
+    /// How often the node's cards are read.
+    pub poll: Duration,
+}
+
+fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    tokio::net::UnixListener::bind(path)
+}
+
+/// Serves until `shutdown` resolves; the sockets are removed on the way out. `slices` is
+/// `None` where no API server is reachable (tests of the kubelet side only).
+pub async fn run(
+    config: Config,
+    source: Box<dyn InventorySource + Send + Sync>,
+    claims: Arc<dyn ClaimSource>,
+    mut slices: Option<SlicePublisher>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let (inventory_tx, inventory) = watch::channel::<Option<Arc<NodeInventory>>>(None);
+    let preparer = Arc::new(Preparer::new(
+        &config.node,
+        inventory,
+        ClaimStore::new(&config.state_dir),
+        config.cdi_dir.clone(),
+        claims,
+    ));
+    preparer.clean_orphan_markers();
+    // The DRA socket is served before the kubelet hears of it.
+    let dra_socket = config.plugin_dir.join(DRA_SOCKET);
+    let dra_listener = bind(&dra_socket).map_err(|e| anyhow::anyhow!("{}: {e}", dra_socket.display()))?;
+    let reg_socket = config.registry_dir.join(registration::socket_name());
+    let reg_listener = bind(&reg_socket).map_err(|e| anyhow::anyhow!("{}: {e}", reg_socket.display()))?;
+    let (registrar, _status) = Registrar::new(&dra_socket);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let serve = |stop: watch::Receiver<bool>| async move {
+        let mut stop = stop;
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    let dra_task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(DraPluginServer::new(DraService(preparer.clone())))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(dra_listener), serve(stop_rx.clone())),
+    );
+    let reg_task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(registrar))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(reg_listener), serve(stop_rx)),
+    );
+    info!(node = config.node, dra = %dra_socket.display(), registration = %reg_socket.display(), "serving");
+
+    let mut tick = tokio::time::interval(config.poll);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                match source.discover() {
+                    Ok(inv) => {
+                        if inventory_tx.borrow().as_deref() != Some(&inv) {
+                            inventory_tx.send_replace(Some(Arc::new(inv)));
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "the node's GPUs are unreadable; keeping the last reading"),
+                }
+                let devices = inventory_tx.borrow().as_deref().map(|inv| dra::slice_devices(inv, config.memory_unit_mib));
+                if let (Some(publisher), Some(devices)) = (slices.as_mut(), devices) {
+                    let count = devices.len();
+                    match publisher.publish(devices).await {
+                        Ok(Some(generation)) => info!(devices = count, generation, "ResourceSlice published"),
+                        Ok(None) => {}
+                        Err(e) => warn!(error = %e, "cannot publish the ResourceSlice; tried again at the next poll"),
+                    }
+                }
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    let _ = stop_tx.send(true);
+    for task in [dra_task, reg_task] {
+        match tokio::time::timeout(Duration::from_secs(5), task).await {
+            Ok(Ok(Err(e))) => warn!(error = %e, "a server stopped with an error"),
+            Err(_) => warn!("a server did not stop within 5 s"),
+            _ => {}
+        }
+    }
+    for s in [&reg_socket, &dra_socket] {
+        let _ = std::fs::remove_file(s);
+    }
+    info!("stopped; sockets removed");
+    Ok(())
+}

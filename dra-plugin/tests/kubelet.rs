@@ -1,0 +1,312 @@
+//! The plugin driven as the kubelet drives it, over its real sockets, for what a real kubelet
+//! cannot be made to do on cue: a plugin restart between two prepares, a malformed claim, a
+//! claim deleted after it was prepared. (tests/tests/cluster.rs drives it with the real one.)
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::resource::v1 as resource;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tessera_core::dra::{self, ClaimStore, DRIVER};
+use tessera_core::handoff::AllocatedDevice;
+use tessera_core::inventory::FixtureSource;
+use tessera_dra_plugin::driver::ClaimSource;
+use tessera_dra_plugin::service::{self, Config};
+use tessera_proto::dra as api;
+use tessera_proto::dra::dra_plugin_client::DraPluginClient;
+use tessera_proto::pluginregistration as reg;
+use tessera_proto::pluginregistration::registration_client::RegistrationClient;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+const NODE: &str = "node-a";
+
+/// Claims as a test sets them; `get` counts its calls.
+#[derive(Default)]
+struct FakeClaims {
+    claims: Mutex<HashMap<String, resource::ResourceClaim>>,
+    reads: Mutex<usize>,
+}
+
+#[tonic::async_trait]
+impl ClaimSource for FakeClaims {
+    async fn get(&self, namespace: &str, name: &str) -> Result<resource::ResourceClaim, String> {
+        *self.reads.lock().unwrap() += 1;
+        self.claims
+            .lock()
+            .unwrap()
+            .get(&format!("{namespace}/{name}"))
+            .cloned()
+            .ok_or_else(|| format!("claim {namespace}/{name} not found"))
+    }
+}
+
+impl FakeClaims {
+    fn set(&self, c: resource::ResourceClaim) {
+        let key = format!(
+            "{}/{}",
+            c.metadata.namespace.as_deref().unwrap(),
+            c.metadata.name.as_deref().unwrap()
+        );
+        self.claims.lock().unwrap().insert(key, c);
+    }
+    fn reads(&self) -> usize {
+        *self.reads.lock().unwrap()
+    }
+}
+
+fn allocated(name: &str, uid: &str, device: &str, consumed: &[(&str, &str)]) -> resource::ResourceClaim {
+    resource::ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("team-a".into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        spec: Default::default(),
+        status: Some(resource::ResourceClaimStatus {
+            allocation: Some(resource::AllocationResult {
+                devices: Some(resource::DeviceAllocationResult {
+                    results: Some(vec![resource::DeviceRequestAllocationResult {
+                        driver: DRIVER.into(),
+                        pool: NODE.into(),
+                        device: device.into(),
+                        request: "gpu".into(),
+                        share_id: (!consumed.is_empty()).then(|| format!("share-{uid}")),
+                        consumed_capacity: (!consumed.is_empty()).then(|| {
+                            consumed
+                                .iter()
+                                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                                .collect()
+                        }),
+                        ..Default::default()
+                    }]),
+                    config: None,
+                }),
+                ..Default::default()
+            }),
+            reserved_for: None,
+            devices: None,
+        }),
+    }
+}
+
+struct Plugin {
+    dirs: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Plugin {
+    fn start(dirs: &Path, claims: Arc<FakeClaims>) -> Self {
+        let config = Config {
+            node: NODE.into(),
+            registry_dir: dirs.join("plugins_registry"),
+            plugin_dir: dirs.join("plugins").join(DRIVER),
+            cdi_dir: dirs.join("cdi"),
+            state_dir: dirs.join("state"),
+            memory_unit_mib: 1024,
+            poll: Duration::from_millis(100),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(service::run(
+            config,
+            Box::new(FixtureSource::new("t4x2")),
+            claims,
+            None,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            dirs: dirs.to_path_buf(),
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.unwrap().unwrap();
+    }
+
+    fn cdi(&self) -> PathBuf {
+        self.dirs.join("cdi")
+    }
+
+    fn store(&self) -> ClaimStore {
+        ClaimStore::new(&self.dirs.join("state"))
+    }
+}
+
+async fn channel(socket: PathBuf) -> Channel {
+    for _ in 0..100 {
+        if socket.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
+        }))
+        .await
+        .unwrap()
+}
+
+fn claim_ref(name: &str, uid: &str) -> api::Claim {
+    api::Claim {
+        namespace: "team-a".into(),
+        uid: uid.into(),
+        name: name.into(),
+    }
+}
+
+async fn prepare(
+    client: &mut DraPluginClient<Channel>,
+    claims: &[api::Claim],
+) -> HashMap<String, api::NodePrepareResourceResponse> {
+    client
+        .node_prepare_resources(api::NodePrepareResourcesRequest {
+            claims: claims.to_vec(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .claims
+}
+
+#[tokio::test]
+async fn registers_prepares_once_across_a_restart_and_unprepares_what_it_prepared() {
+    let dir = tempfile::tempdir().unwrap();
+    let claims = Arc::new(FakeClaims::default());
+    let plugin = Plugin::start(dir.path(), claims.clone());
+
+    // Registration: who the plugin is and where the kubelet finds its DRA service.
+    let mut registration =
+        RegistrationClient::new(channel(dir.path().join("plugins_registry/gpu.tessera.io-reg.sock")).await);
+    let info = registration.get_info(reg::InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(
+        (
+            info.r#type.as_str(),
+            info.name.as_str(),
+            info.supported_versions.clone()
+        ),
+        ("DRAPlugin", "gpu.tessera.io", vec!["v1.DRAPlugin".to_string()])
+    );
+    assert_eq!(
+        PathBuf::from(&info.endpoint),
+        dir.path().join("plugins/gpu.tessera.io/dra.sock")
+    );
+    registration
+        .notify_registration_status(reg::RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        })
+        .await
+        .unwrap();
+
+    // A share and a malformed claim in one call: the share is prepared, the other refused
+    // with what is wrong, and neither holds the other up.
+    claims.set(allocated(
+        "share",
+        "u-share",
+        "gpu-0",
+        &[("cores", "30"), ("memory", "4Gi")],
+    ));
+    claims.set(allocated(
+        "bad",
+        "u-bad",
+        "gpu-0",
+        &[("cores", "thirty"), ("memory", "4Gi")],
+    ));
+    let mut client = DraPluginClient::new(channel(info.endpoint.clone().into()).await);
+    let got = prepare(&mut client, &[claim_ref("share", "u-share"), claim_ref("bad", "u-bad")]).await;
+    let share = &got["u-share"];
+    assert_eq!(share.error, "");
+    assert_eq!(share.devices.len(), 1);
+    let d = &share.devices[0];
+    assert_eq!(
+        (
+            d.pool_name.as_str(),
+            d.device_name.as_str(),
+            d.request_names.clone(),
+            d.share_id.as_deref()
+        ),
+        (NODE, "gpu-0", vec!["gpu".to_string()], Some("share-u-share"))
+    );
+    assert_eq!(d.cdi_device_ids, ["tessera.io/claim=u-share"]);
+    assert!(
+        got["u-bad"]
+            .error
+            .contains("consumedCapacity cores=\"thirty\" is invalid"),
+        "{:?}",
+        got["u-bad"]
+    );
+    assert!(got["u-bad"].devices.is_empty());
+    // What the node recorded, and the marker the runtime injects.
+    let record = plugin.store().get("u-share").unwrap().unwrap();
+    assert!(matches!(
+        record.devices[0].allocated,
+        AllocatedDevice::Gpu {
+            core_percent: 30,
+            memory_mib: 4096,
+            exclusive: false,
+            ..
+        }
+    ));
+    let marker: tessera_core::cdi::CdiSpec =
+        serde_json::from_slice(&std::fs::read(plugin.cdi().join("tessera.io-claim-u-share.json")).unwrap()).unwrap();
+    assert_eq!(marker, dra::marker_spec("u-share"));
+    assert!(plugin.store().get("u-bad").unwrap().is_none());
+    assert!(!plugin.cdi().join("tessera.io-claim-u-bad.json").exists());
+
+    // The plugin restarts (a rolling update), the claim is deleted from the API meanwhile,
+    // and the marker of a prepare cut short lies in the CDI directory: the kubelet's repeated
+    // prepare is answered from the record, not prepared twice; the orphan marker is gone.
+    let reads = claims.reads();
+    plugin.stop().await;
+    claims.claims.lock().unwrap().clear();
+    std::fs::write(dir.path().join("cdi/tessera.io-claim-u-cut.json"), b"{}").unwrap();
+    std::fs::remove_file(dir.path().join("cdi/tessera.io-claim-u-share.json")).unwrap();
+    let plugin = Plugin::start(dir.path(), claims.clone());
+    let mut client = DraPluginClient::new(channel(info.endpoint.clone().into()).await);
+    let again = prepare(&mut client, &[claim_ref("share", "u-share")]).await;
+    assert_eq!(again["u-share"], *share);
+    assert_eq!(claims.reads(), reads, "a recorded claim is not read or prepared again");
+    assert!(
+        plugin.cdi().join("tessera.io-claim-u-share.json").exists(),
+        "the marker is written again"
+    );
+    assert!(!dir.path().join("cdi/tessera.io-claim-u-cut.json").exists());
+
+    // A deleted claim the node never prepared is an error for that claim.
+    let missing = prepare(&mut client, &[claim_ref("gone", "u-gone")]).await;
+    assert!(missing["u-gone"].error.contains("not found"), "{:?}", missing["u-gone"]);
+    // Something that is no uid never becomes a path.
+    let evil = prepare(&mut client, &[claim_ref("x", "../../etc/x")]).await;
+    assert!(evil["../../etc/x"].error.contains("is not a uid"));
+
+    // Unprepare: record and marker go; a second unprepare is no error.
+    for _ in 0..2 {
+        let out = client
+            .node_unprepare_resources(api::NodeUnprepareResourcesRequest {
+                claims: vec![claim_ref("share", "u-share")],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(out.claims["u-share"].error, "");
+    }
+    assert!(plugin.store().get("u-share").unwrap().is_none());
+    assert!(!plugin.cdi().join("tessera.io-claim-u-share.json").exists());
+    plugin.stop().await;
+    // The sockets are removed on the way out.
+    assert!(!dir.path().join("plugins_registry/gpu.tessera.io-reg.sock").exists());
+    assert!(!dir.path().join("plugins/gpu.tessera.io/dra.sock").exists());
+}
