@@ -3,6 +3,7 @@
 //! the scheduler allocated from it: each prepared claim is recorded on the node and handed to
 //! the container as a CDI marker, which Tessera's NRI plugin turns into devices and limits.
 
+pub mod authority;
 pub mod driver;
 pub mod registration;
 pub mod service;

@@ -10,9 +10,9 @@ use tessera_core::inventory::{InventorySource, NodeInventory};
 use tessera_proto::dra::dra_plugin_server::DraPluginServer;
 use tessera_proto::pluginregistration::registration_server::RegistrationServer;
 use tokio::sync::watch;
-use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{info, warn};
 
+use crate::authority;
 use crate::driver::{ClaimSource, DraService, Preparer};
 use crate::registration::{self, Registrar};
 use crate::slices::SlicePublisher;
@@ -82,12 +82,12 @@ pub async fn run(
     let dra_task = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(DraPluginServer::new(DraService(preparer.clone())))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(dra_listener), serve(stop_rx.clone())),
+            .serve_with_incoming_shutdown(authority::front(dra_listener), serve(stop_rx.clone())),
     );
     let reg_task = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(registrar))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(reg_listener), serve(stop_rx)),
+            .serve_with_incoming_shutdown(authority::front(reg_listener), serve(stop_rx)),
     );
     info!(node = config.node, dra = %dra_socket.display(), registration = %reg_socket.display(), "serving");
 

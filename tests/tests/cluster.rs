@@ -1,6 +1,7 @@
 //! Tessera on a real single-node Kubernetes (`tessera_tests::cluster`): the harness itself
 //! first, a pod running and nothing left behind once the cluster is dropped.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -193,6 +194,11 @@ mod tessera {
             .collect()
     }
 
+    /// Where the DRA plugin records prepared claims (and the NRI plugin reads them).
+    pub fn dra_state_dir(c: &Cluster) -> PathBuf {
+        c.dir().join("dra")
+    }
+
     /// What a started Tessera needs to be looked at.
     pub struct Installed {
         /// The hand-off keys, as the extender and the NRI plugin read them.
@@ -200,10 +206,12 @@ mod tessera {
     }
 
     /// Applies the manifests and starts Tessera's components on `c`, the node being `fixture`
-    /// (whose whole and shareable cards add up to `core` units of `tessera.io/gpu-core`).
-    pub async fn install(c: &mut Cluster, fixture: &str, core: u32) -> anyhow::Result<Installed> {
+    /// (whose whole and shareable cards add up to `core` units of `tessera.io/gpu-core`);
+    /// `dra` installs the DRA driver too (`tessera-manifests --dra`).
+    pub async fn install(c: &mut Cluster, fixture: &str, core: u32, dra: bool) -> anyhow::Result<Installed> {
         let opts = ManifestOptions {
             share_enforcement: tessera_core::enforcement::ShareEnforcement::None,
+            dra,
             ..Default::default()
         };
         let objects = manifests::objects(&opts);
@@ -276,11 +284,13 @@ mod tessera {
         create_device_nodes(&inv, &dev_root)?;
         let driver_root = Userspace::get()?.root(Branch::R535, Layout::Distro).to_path_buf();
         let (mps_root, hook_root) = (c.dir().join("mps"), c.dir().join("hook"));
+        let dra_state = dra_state_dir(c);
         let node_env = |cont: &Value| -> BTreeMap<String, String> {
             let mut e = env_of(cont);
             e.insert("NODE_NAME".into(), NODE.into());
             e.insert("TESSERA_MPS_ROOT".into(), mps_root.display().to_string());
             e.insert("TESSERA_HOOK_ROOT".into(), hook_root.display().to_string());
+            e.insert("TESSERA_DRA_STATE_DIR".into(), dra_state.display().to_string());
             e
         };
         let node_kubeconfig = sa_kubeconfig(c, "tessera-node")?;
@@ -291,6 +301,7 @@ mod tessera {
             ("--socket", c.nri_socket().display().to_string()),
             ("--proc-root", "/proc".to_string()),
             ("--metrics-listen", "127.0.0.1:9403".to_string()),
+            ("--state-dir", dra_state.display().to_string()),
         ];
         let fixture = [
             format!("--fixture={fixture}"),
@@ -304,13 +315,31 @@ mod tessera {
             ),
             ("device-plugin", vec![]),
             ("nri-plugin", vec![]),
+            (
+                "dra-plugin",
+                vec![
+                    format!("--registry-dir={}", c.kubelet_root().join("plugins_registry").display()),
+                    format!(
+                        "--plugin-dir={}",
+                        c.kubelet_root()
+                            .join("plugins")
+                            .join(tessera_core::dra::DRIVER)
+                            .display()
+                    ),
+                    "--poll-secs=1".to_string(),
+                ],
+            ),
         ] {
+            if name == "dra-plugin" && !dra {
+                continue;
+            }
             let cont = container(&objects, "DaemonSet", "tessera-node", name);
             let program = cont["command"][0].as_str().context("a command")?.to_string();
             let mut args = with_flags(&args_of(cont), &node_sets);
             match name {
                 "cdi-generator" => args.extend(fixture.iter().cloned().chain(extra)),
                 "device-plugin" => args.extend(fixture[..2].iter().cloned()),
+                "dra-plugin" => args.extend(fixture[..2].iter().cloned().chain(extra)),
                 _ => {}
             }
             let mut cmd = c.command(bin(&program));
@@ -495,7 +524,7 @@ fn said(logs: &str) -> std::collections::BTreeMap<String, String> {
 async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> anyhow::Result<()> {
     let begun = Instant::now();
     let mut c = Cluster::start().await?;
-    let t = tessera::install(&mut c, "t4x2", 200).await?;
+    let t = tessera::install(&mut c, "t4x2", 200, false).await?;
     println!("Tessera installed {:.1}s after start", begun.elapsed().as_secs_f64());
     c.apply(&gpu_pod("whole", &[("tessera.io/gpu-core", "100")]))?;
     c.apply(&gpu_pod(
@@ -907,7 +936,7 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mig_slice_on_a_real_cluster() -> anyhow::Result<()> {
     let mut c = Cluster::start().await?;
-    let t = tessera::install(&mut c, "a100-mig", 100).await?;
+    let t = tessera::install(&mut c, "a100-mig", 100, false).await?;
     c.apply(&gpu_pod("slice", &[("tessera.io/mig-1g.5gb", "1")]))?;
     c.wait_for(&["pod/slice"], "{.status.phase}", "Succeeded", Duration::from_secs(90))
         .await
@@ -919,5 +948,281 @@ async fn a_mig_slice_on_a_real_cluster() -> anyhow::Result<()> {
     };
     assert_eq!(profile.to_string(), "1g.5gb");
     assert_eq!(got["CVD"], *uuid, "{got:?}");
+    Ok(())
+}
+
+/// A pod of the default scheduler whose one container uses claim `claim` (a ResourceClaim, or
+/// with `template` a ResourceClaimTemplate), prints what it was given and stays up.
+fn dra_pod(name: &str, claim: &str, template: bool) -> String {
+    let source = if template {
+        "resourceClaimTemplateName"
+    } else {
+        "resourceClaimName"
+    };
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  restartPolicy: Never
+  resourceClaims:
+  - {{name: gpu, {source}: {claim}}}
+  containers:
+  - name: main
+    image: docker.io/tessera/busybox:test
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES; echo CORE=$TESSERA_GPU_CORE_LIMIT; echo MIB=$TESSERA_GPU_MEMORY_LIMIT_MIB; echo DEV=$(ls /dev | grep -c '^nvidia[0-9]'); sleep 600"]
+    resources: {{claims: [{{name: gpu}}]}}
+"#
+    )
+}
+
+/// Waits for `pod` to run and returns what its container printed first.
+async fn running(c: &Cluster, pod: &str) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    c.wait_for(
+        &[&format!("pod/{pod}")],
+        "{.status.phase}",
+        "Running",
+        Duration::from_secs(90),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "{pod}: {}\ndra-plugin:\n{}\nnri-plugin:\n{}\nlogs:\n{}",
+            c.kubectl_ok(&["describe", "pod", pod]).unwrap_or_default(),
+            c.log_tail("dra-plugin", 15),
+            c.log_tail("nri-plugin", 15),
+            std::fs::read_dir(c.dir().join("logs"))
+                .map(|d| d
+                    .flatten()
+                    .map(|e| {
+                        let t = std::fs::read_to_string(e.path()).unwrap_or_default();
+                        let hits: Vec<&str> = t
+                            .lines()
+                            .filter(|l| l.contains("tessera.io") || l.contains("egistr"))
+                            .take(20)
+                            .collect();
+                        format!("{:?}: {}", e.file_name(), hits.join("\n"))
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n"))
+                .unwrap_or_default()
+        )
+    })?;
+    for _ in 0..100 {
+        let logs = c.kubectl_ok(&["logs", pod]).unwrap_or_default();
+        if logs.contains("DEV=") {
+            return Ok(said(&logs));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("{pod} printed nothing")
+}
+
+/// A ResourceClaim of `gpu.tessera.io` asking `cores` percent and `memory` of one card.
+fn share_claim(name: &str, cores: u32, memory: &str) -> String {
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}, namespace: default}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.tessera.io
+        capacity:
+          requests: {{cores: "{cores}", memory: "{memory}"}}
+"#
+    )
+}
+
+/// Tessera as a DRA driver on the real cluster: the real kubelet registers the plugin, the
+/// plugin publishes the node's cards, the real scheduler allocates claims from them (a whole
+/// card from a template, two shares of one card by consumable capacity), the kubelet prepares
+/// them (again after a plugin restart) and unprepares them, and each container has exactly
+/// its card and its share's limits, put there by the NRI plugin from the node's record. A pod
+/// of another namespace naming a claim through its environment is refused at creation, and a
+/// node agent cannot write another node's slice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_claims_get_their_cards_and_shares_on_a_real_cluster() -> anyhow::Result<()> {
+    let begun = Instant::now();
+    let mut c = Cluster::start().await?;
+    tessera::install(&mut c, "t4x2", 200, true).await?;
+    let slice = format!("resourceslice/{NODE}-{}", tessera_core::dra::DRIVER);
+    c.wait_for(
+        &[&slice],
+        "{.spec.devices[*].name}",
+        "gpu-0 gpu-1",
+        Duration::from_secs(60),
+    )
+    .await
+    .with_context(|| c.log_tail("dra-plugin", 20))?;
+    let cards: BTreeMap<String, String> = ["gpu-0", "gpu-1"]
+        .iter()
+        .map(|d| {
+            let uuid = c.kubectl_ok(&[
+                "get",
+                &slice,
+                "-o",
+                &format!("jsonpath={{.spec.devices[?(@.name==\"{d}\")].attributes.uuid.string}}"),
+            ])?;
+            Ok((d.to_string(), uuid.trim().to_string()))
+        })
+        .collect::<anyhow::Result<_>>()?;
+
+    // A whole card first, from a template; then two shares, which only the other card holds.
+    c.apply(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: whole-gpu, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: gpu.tessera.io}
+"#,
+    )?;
+    c.apply(&dra_pod("dwhole", "whole-gpu", true))?;
+    let whole = running(&c, "dwhole").await?;
+    c.apply(&share_claim("share-a", 30, "4Gi"))?;
+    c.apply(&share_claim("share-b", 20, "3Gi"))?;
+    c.apply(&dra_pod("dshare-a", "share-a", false))?;
+    c.apply(&dra_pod("dshare-b", "share-b", false))?;
+    let (a, b) = (running(&c, "dshare-a").await?, running(&c, "dshare-b").await?);
+    println!("DRA pods running {:.1}s after start", begun.elapsed().as_secs_f64());
+
+    // The whole card: one device node, the card the scheduler allocated, no limits.
+    let allocated = |claim: &str| -> anyhow::Result<(String, String)> {
+        let out = c.kubectl_ok(&[
+            "get",
+            "resourceclaim",
+            claim,
+            "-o",
+            "jsonpath={.status.allocation.devices.results[0].device} {.status.allocation.devices.results[0].consumedCapacity.cores}",
+        ])?;
+        let (device, cores) = out.trim().split_once(' ').unwrap_or((out.trim(), ""));
+        Ok((device.to_string(), cores.to_string()))
+    };
+    let whole_claim = c.kubectl_ok(&[
+        "get",
+        "pod",
+        "dwhole",
+        "-o",
+        "jsonpath={.status.resourceClaimStatuses[0].resourceClaimName}",
+    ])?;
+    let (whole_device, _) = allocated(whole_claim.trim())?;
+    assert_eq!(whole["CVD"], cards[&whole_device], "{whole:?}");
+    assert_eq!((whole["DEV"].as_str(), whole["CORE"].as_str()), ("1", ""), "{whole:?}");
+    // The shares: the other card, each its own consumed capacity as its limits.
+    let (share_device, cores) = allocated("share-a")?;
+    assert_ne!(share_device, whole_device);
+    assert_eq!(cores, "30");
+    assert_eq!(allocated("share-b")?.0, share_device, "two shares of one card");
+    for (got, core, mib) in [(&a, "30", "4096"), (&b, "20", "3072")] {
+        assert_eq!(got["CVD"], cards[&share_device], "{got:?}");
+        assert_eq!(
+            (got["CORE"].as_str(), got["MIB"].as_str(), got["DEV"].as_str()),
+            (core, mib, "1"),
+            "{got:?}"
+        );
+    }
+
+    // A plugin restart (a rolling update): registered again, the next claim is prepared.
+    c.restart("dra-plugin")?;
+    c.apply(&share_claim("share-c", 40, "2Gi"))?;
+    c.apply(&dra_pod("dshare-c", "share-c", false))?;
+    let third = running(&c, "dshare-c").await?;
+    assert_eq!(
+        (third["CVD"].as_str(), third["CORE"].as_str(), third["MIB"].as_str()),
+        (cards[&share_device].as_str(), "40", "2048")
+    );
+
+    // Another namespace's pod names share-a through its environment: refused at creation.
+    let uid = c.kubectl_ok(&["get", "resourceclaim", "share-a", "-o", "jsonpath={.metadata.uid}"])?;
+    let uid = uid.trim();
+    c.kubectl_ok(&["create", "namespace", "intruder"])?;
+    c.apply(&format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: thief, namespace: intruder}}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: docker.io/tessera/busybox:test
+    imagePullPolicy: Never
+    env: [{{name: {}, value: "{uid}"}}]
+    command: ["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]
+"#,
+        tessera_core::dra::marker_env(uid)
+    ))?;
+    c.wait_for(
+        &["-n", "intruder", "pod/thief"],
+        "{.status.containerStatuses[0].state.waiting.reason}",
+        "CreateContainerError",
+        Duration::from_secs(60),
+    )
+    .await
+    .with_context(|| c.log_tail("nri-plugin", 15))?;
+    let why = c.kubectl_ok(&[
+        "-n",
+        "intruder",
+        "get",
+        "pod",
+        "thief",
+        "-o",
+        "jsonpath={.status.containerStatuses[0].state.waiting.message}",
+    ])?;
+    assert!(why.contains("is not a claim of namespace intruder"), "{why}");
+
+    // A node agent writes only its own node's slice.
+    let agent = format!("--kubeconfig={}", c.dir().join("tessera-node.kubeconfig").display());
+    let forged = c.dir().join("forged-slice.yaml");
+    std::fs::write(
+        &forged,
+        format!(
+            r#"apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {{name: other-node-{driver}}}
+spec:
+  driver: {driver}
+  nodeName: other-node
+  pool: {{name: other-node, generation: 1, resourceSliceCount: 1}}
+  devices: [{{name: gpu-0}}]
+"#,
+            driver = tessera_core::dra::DRIVER
+        ),
+    )?;
+    let out = c.kubectl(&[&agent, "create", "-f", forged.to_str().unwrap_or_default()])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("tessera-node-own-slice"),
+        "another node's slice: {err}"
+    );
+
+    // The pods go: the kubelet unprepares their claims, the node's records go with them.
+    c.kubectl_ok(&[
+        "delete",
+        "pod",
+        "dwhole",
+        "dshare-a",
+        "dshare-b",
+        "dshare-c",
+        "--grace-period=0",
+        "--force",
+    ])?;
+    let records = tessera::dra_state_dir(&c).join("claims");
+    let mut left = usize::MAX;
+    for _ in 0..300 {
+        left = std::fs::read_dir(&records)?.count();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(left, 0, "records left: {}", c.log_tail("dra-plugin", 15));
+    println!("DRA e2e {:.1}s", begun.elapsed().as_secs_f64());
     Ok(())
 }
