@@ -1,5 +1,5 @@
 # One image with every Tessera binary: tessera-extender, tessera-manifests, tessera-cdi-generator,
-# tessera-device-plugin, tessera-nri-plugin, tessera-mps-supervisor. Build: docker build -t tessera:dev .
+# tessera-device-plugin, tessera-dra-plugin, tessera-nri-plugin, tessera-mps-supervisor. Build: docker build -t tessera:dev .
 FROM rust:1.95-trixie AS build
 WORKDIR /src
 COPY . .

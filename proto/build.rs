@@ -15,6 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("CARGO_FEATURE_DRA").is_some() {
         tonic_prost_build::configure().compile_protos(&["pluginregistration/api.proto"], &["pluginregistration"])?;
         tonic_prost_build::configure().compile_protos(&["dra/api.proto"], &["dra"])?;
+        tonic_prost_build::configure().compile_protos(&["drahealth/api.proto"], &["drahealth"])?;
     }
     if std::env::var_os("CARGO_FEATURE_NRI").is_some() {
         nri()?;
@@ -24,6 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=deviceplugin/api.proto");
     println!("cargo:rerun-if-changed=pluginregistration/api.proto");
     println!("cargo:rerun-if-changed=dra/api.proto");
+    println!("cargo:rerun-if-changed=drahealth/api.proto");
     Ok(())
 }
 

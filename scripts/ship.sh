@@ -8,10 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-target/ship}"
-bins=(tessera-extender tessera-manifests tessera-cdi-generator tessera-device-plugin tessera-nri-plugin tessera-mps-supervisor)
+bins=(tessera-extender tessera-manifests tessera-cdi-generator tessera-device-plugin tessera-dra-plugin tessera-nri-plugin tessera-mps-supervisor)
 
 cargo build --release --locked \
-    -p tessera-extender -p tessera-deploy -p tessera-cdi-generator -p tessera-device-plugin -p tessera-nri-plugin -p tessera-mps
+    -p tessera-extender -p tessera-deploy -p tessera-cdi-generator -p tessera-device-plugin -p tessera-dra-plugin -p tessera-nri-plugin -p tessera-mps
 # The hook loads in every container of a share: built for glibc 2.28 (hook/build-portable.sh).
 hook="$(bash hook/build-portable.sh)"
 rm -rf "$out"

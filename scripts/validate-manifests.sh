@@ -2,7 +2,7 @@
 # Validates the install manifests offline against the Kubernetes OpenAPI schemas of 1.30..1.36
 # (strict: unknown fields are errors), with the PyPI package kubernetes-validate in a private
 # virtualenv under .cache/. Checks the checked-in rendering and a non-default one, and the
-# example custom resources against the rendered CRDs.
+# example custom resources against the rendered CRDs; with `--dra`, against 1.34..1.36.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,4 +30,10 @@ for v in 1.30.0 1.31.0 1.32.0 1.33.0 1.34.0 1.35.0 1.36.0; do
     "$VENV/bin/kubernetes-validate" --strict --quiet -k "$v" deploy/tessera.yaml "$out/custom.yaml" deploy/examples/*.yaml \
         "$out/claims-builtin.yaml"
     echo "manifests valid for Kubernetes $v"
+done
+# The DRA install and its examples: resource.k8s.io/v1 is there from 1.34.
+cargo run -q --locked -p tessera-deploy -- --dra --out "$out/dra.yaml"
+for v in 1.34.0 1.35.0 1.36.0; do
+    "$VENV/bin/kubernetes-validate" --strict --quiet -k "$v" "$out/dra.yaml" deploy/examples/dra/*.yaml
+    echo "DRA manifests valid for Kubernetes $v"
 done

@@ -225,6 +225,28 @@ pub fn slice_devices(inv: &NodeInventory, memory_unit_mib: u64) -> Vec<resource:
     out
 }
 
+/// Every device the node has in DRA terms, with why it is unhealthy (`None`: healthy): each
+/// card not in MIG mode, and each carved MIG device (unhealthy with its card).
+pub fn device_health(inv: &NodeInventory) -> Vec<(String, Option<String>)> {
+    let mut out = Vec::new();
+    for gpu in &inv.gpus {
+        let why = match &gpu.health {
+            crate::inventory::Health::Healthy => None,
+            crate::inventory::Health::Unhealthy { reason } => Some(reason.clone()),
+        };
+        if gpu.mig_enabled {
+            out.extend(
+                gpu.mig_devices
+                    .iter()
+                    .map(|m| (device_name(gpu, Some((m.gi, m.ci))), why.clone())),
+            );
+        } else {
+            out.push((device_name(gpu, None), why));
+        }
+    }
+    out
+}
+
 /// The name of node `node`'s ResourceSlice.
 pub fn slice_name(node: &str) -> String {
     format!("{node}-{DRIVER}")

@@ -218,3 +218,51 @@ fn only_the_extender_mounts_the_signing_keys() {
     assert!(!node.contains(&KEYS_SECRET.to_string()), "{node:?}");
     assert!(!secrets_of("Deployment", SCHEDULER).contains(&KEYS_SECRET.to_string()));
 }
+
+/// Every program a container of the manifests runs (DRA and MPS included) is one the image
+/// ships (scripts/ship.sh), and the DRA install adds the plugin to the node DaemonSet, its
+/// classes and its rights, and nothing to an install without it.
+#[test]
+fn every_container_runs_a_shipped_binary_and_dra_is_only_there_when_asked() {
+    let ship = deploy_file("../scripts/ship.sh");
+    let shipped: Vec<&str> = ship
+        .lines()
+        .find_map(|l| l.strip_prefix("bins=("))
+        .and_then(|l| l.strip_suffix(')'))
+        .expect("ship.sh names its binaries")
+        .split_whitespace()
+        .collect();
+    let dra = ManifestOptions {
+        dra: true,
+        ..Default::default()
+    };
+    let objs = objects(&dra);
+    let mut programs = Vec::new();
+    for o in &objs {
+        for c in o["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if let Some(p) = c["command"][0].as_str() {
+                programs.push(p.to_string());
+            }
+        }
+    }
+    assert!(programs.iter().any(|p| p == "tessera-dra-plugin"), "{programs:?}");
+    for p in programs.iter().filter(|p| p.starts_with("tessera-")) {
+        assert!(
+            shipped.contains(&p.as_str()),
+            "{p} is run but not shipped ({shipped:?})"
+        );
+    }
+    let kinds = |objs: &[serde_json::Value]| -> Vec<String> {
+        objs.iter()
+            .map(|o| o["kind"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(kinds(&objs).iter().filter(|k| *k == "DeviceClass").count(), 2);
+    let plain = objects(&ManifestOptions::default());
+    assert!(!kinds(&plain).iter().any(|k| k == "DeviceClass"));
+    assert!(!render(&ManifestOptions::default()).contains("dra"));
+}

@@ -5,6 +5,7 @@
 
 pub mod authority;
 pub mod driver;
+pub mod health;
 pub mod registration;
 pub mod service;
 pub mod slices;

@@ -8,12 +8,14 @@ use std::time::Duration;
 use tessera_core::dra::{self, ClaimStore};
 use tessera_core::inventory::{InventorySource, NodeInventory};
 use tessera_proto::dra::dra_plugin_server::DraPluginServer;
+use tessera_proto::drahealth::dra_resource_health_server::DraResourceHealthServer;
 use tessera_proto::pluginregistration::registration_server::RegistrationServer;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::authority;
 use crate::driver::{ClaimSource, DraService, Preparer};
+use crate::health::HealthService;
 use crate::registration::{self, Registrar};
 use crate::slices::SlicePublisher;
 
@@ -60,6 +62,12 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (inventory_tx, inventory) = watch::channel::<Option<Arc<NodeInventory>>>(None);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let health = HealthService {
+        node: config.node.clone(),
+        inventory: inventory.clone(),
+        stop: stop_rx.clone(),
+    };
     let preparer = Arc::new(Preparer::new(
         &config.node,
         inventory,
@@ -74,7 +82,6 @@ pub async fn run(
     let reg_socket = config.registry_dir.join(registration::socket_name());
     let reg_listener = bind(&reg_socket).map_err(|e| anyhow::anyhow!("{}: {e}", reg_socket.display()))?;
     let (registrar, _status) = Registrar::new(&dra_socket);
-    let (stop_tx, stop_rx) = watch::channel(false);
     let serve = |stop: watch::Receiver<bool>| async move {
         let mut stop = stop;
         let _ = stop.wait_for(|s| *s).await;
@@ -82,6 +89,7 @@ pub async fn run(
     let dra_task = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(DraPluginServer::new(DraService(preparer.clone())))
+            .add_service(DraResourceHealthServer::new(health))
             .serve_with_incoming_shutdown(authority::front(dra_listener), serve(stop_rx.clone())),
     );
     let reg_task = tokio::spawn(

@@ -211,6 +211,33 @@ async fn registers_prepares_once_across_a_restart_and_unprepares_what_it_prepare
         .await
         .unwrap();
 
+    // The health stream the kubelet watches: every card, healthy, in this node's pool.
+    let mut health = tessera_proto::drahealth::dra_resource_health_client::DraResourceHealthClient::new(
+        channel(info.endpoint.clone().into()).await,
+    );
+    let mut stream = health
+        .node_watch_resources(tessera_proto::drahealth::NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    let seen: Vec<(String, String, i32)> = first
+        .devices
+        .iter()
+        .map(|d| {
+            let id = d.device.clone().unwrap();
+            (id.pool_name, id.device_name, d.health)
+        })
+        .collect();
+    let healthy = tessera_proto::drahealth::HealthStatus::Healthy as i32;
+    assert_eq!(
+        seen,
+        [
+            (NODE.to_string(), "gpu-0".to_string(), healthy),
+            (NODE.to_string(), "gpu-1".to_string(), healthy)
+        ]
+    );
+
     // A share and a malformed claim in one call: the share is prepared, the other refused
     // with what is wrong, and neither holds the other up.
     claims.set(allocated(

@@ -29,6 +29,13 @@ pub mod dra {
     tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
 }
 
+/// The kubelet's DRA device health API `v1alpha1` (`DRAResourceHealth`, client and server).
+#[cfg(feature = "dra")]
+#[allow(clippy::all, missing_docs)]
+pub mod drahealth {
+    tonic::include_proto!("v1alpha1");
+}
+
 /// NRI `nri.pkg.api.v1alpha1` (rust-protobuf messages, async ttrpc client and server).
 #[cfg(feature = "nri")]
 #[allow(

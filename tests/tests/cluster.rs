@@ -1129,6 +1129,19 @@ spec:
         );
     }
 
+    // The kubelet watches the plugin's device health stream without errors.
+    let kubelet_log = c.log_tail("kubelet", 100_000);
+    assert!(
+        !kubelet_log.contains("Error receiving from WatchResources stream"),
+        "{}",
+        kubelet_log
+            .lines()
+            .filter(|l| l.contains("WatchResources"))
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
     // A plugin restart (a rolling update): registered again, the next claim is prepared.
     c.restart("dra-plugin")?;
     c.apply(&share_claim("share-c", 40, "2Gi"))?;
