@@ -16,6 +16,12 @@ use super::{ManifestOptions, NODE, cluster_binding, meta, rule};
 /// The class of whole cards and shares of them (a claim that names no capacity gets a whole
 /// card; `capacity.requests` of `cores` and `memory` make it a share).
 pub const GPU_CLASS: &str = "gpu.tessera.io";
+/// The class of whole cards asked for as an extended resource: a pod's `tessera.io/gpu: N`
+/// limit is N whole cards through DRA (where the API server serves `extendedResourceName`,
+/// beta in 1.36, GA in 1.37).
+pub const WHOLE_CLASS: &str = "whole.gpu.tessera.io";
+/// The extended resource [`WHOLE_CLASS`] answers.
+pub const WHOLE_RESOURCE: &str = "tessera.io/gpu";
 /// The class of carved MIG devices.
 pub const MIG_CLASS: &str = "mig.gpu.tessera.io";
 /// The node agents' DRA rights.
@@ -41,7 +47,9 @@ fn class(name: &str, device_type: &str) -> DeviceClass {
 
 /// The DeviceClasses.
 pub fn device_classes() -> Vec<DeviceClass> {
-    vec![class(GPU_CLASS, "gpu"), class(MIG_CLASS, "mig")]
+    let mut whole = class(WHOLE_CLASS, "gpu");
+    whole.spec.extended_resource_name = Some(WHOLE_RESOURCE.into());
+    vec![class(GPU_CLASS, "gpu"), whole, class(MIG_CLASS, "mig")]
 }
 
 /// The node agents' rights: their node's ResourceSlice (kept to their own node by

@@ -261,7 +261,7 @@ fn every_container_runs_a_shipped_binary_and_dra_is_only_there_when_asked() {
             .map(|o| o["kind"].as_str().unwrap_or_default().to_string())
             .collect()
     };
-    assert_eq!(kinds(&objs).iter().filter(|k| *k == "DeviceClass").count(), 2);
+    assert_eq!(kinds(&objs).iter().filter(|k| *k == "DeviceClass").count(), 3);
     let plain = objects(&ManifestOptions::default());
     assert!(!kinds(&plain).iter().any(|k| k == "DeviceClass"));
     assert!(!render(&ManifestOptions::default()).contains("dra"));

@@ -60,7 +60,22 @@ pub async fn inspect(client: &Client, node: Option<&str>, output: Output) -> Res
         .await
         .map_err(api("listing pods"))?
         .items;
+    // DRA claims (Kubernetes 1.34+; an older API server has none to list).
+    let claims = match Api::<k8s_openapi::api::resource::v1::ResourceClaim>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
+        Err(e) => {
+            return Err(CliError::Api {
+                what: "listing resource claims",
+                source: e,
+            });
+        }
+    };
     let mut view = ClusterView::build(&nodes, &pods);
+    view.add_claims(&claims);
     if view.nodes.is_empty() {
         return Err(CliError::NoTesseraNodes);
     }

@@ -5,12 +5,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::Serialize;
+use tessera_core::dra;
 use tessera_core::handoff::{AllocatedDevice, Allocation};
 use tessera_core::inventory::PublishedInventory;
 use tessera_core::ledger::usage_of;
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_INVENTORY};
 use tessera_core::placement::{CARD_MILLI, ClusterState, NodeState, PodDemand};
+use tessera_core::quantity::Amount;
 use tessera_core::request::{PodRequest, RequestOptions};
 
 /// A pod's use of one card.
@@ -222,6 +225,107 @@ impl ClusterView {
             problems,
         }
     }
+}
+
+impl ClusterView {
+    /// Adds the DRA claims Tessera's driver allocated (`gpu.tessera.io` results, each in its
+    /// node's pool): each card's compute and memory they consumed, and on each card the pods
+    /// the claim is reserved for (or the claim itself while none is).
+    pub fn add_claims(&mut self, claims: &[ResourceClaim]) {
+        for claim in claims {
+            let key = format!(
+                "{}/{}",
+                claim.metadata.namespace.as_deref().unwrap_or_default(),
+                claim.metadata.name.as_deref().unwrap_or_default()
+            );
+            let status = claim.status.as_ref();
+            let users: Vec<String> = status
+                .and_then(|s| s.reserved_for.as_ref())
+                .into_iter()
+                .flatten()
+                .filter(|r| r.resource == "pods")
+                .map(|r| format!("{}/{}", claim.metadata.namespace.as_deref().unwrap_or_default(), r.name))
+                .collect();
+            let results = status
+                .and_then(|s| s.allocation.as_ref())
+                .and_then(|a| a.devices.as_ref())
+                .and_then(|d| d.results.as_ref());
+            for r in results.into_iter().flatten().filter(|r| r.driver == dra::DRIVER) {
+                let Some(view) = self.nodes.iter_mut().find(|n| n.name == r.pool) else {
+                    self.problems.push(format!(
+                        "claim {key}: device {} of pool {}, which publishes no Tessera inventory",
+                        r.device, r.pool
+                    ));
+                    continue;
+                };
+                let Some((card, mig)) = card_of(&r.device)
+                    .and_then(|(index, mig)| view.cards.iter_mut().find(|c| c.index == index).map(|c| (c, mig)))
+                else {
+                    self.problems
+                        .push(format!("claim {key}: node {} has no device {}", r.pool, r.device));
+                    continue;
+                };
+                let consumed = |name: &str| {
+                    r.consumed_capacity
+                        .as_ref()
+                        .and_then(|c| c.get(name))
+                        .and_then(|q| Amount::parse(&q.0).ok())
+                };
+                let held = if mig {
+                    if let Some((used, _)) = &mut card.mig {
+                        *used += 1;
+                    }
+                    "MIG".to_string()
+                } else {
+                    let cores = consumed(dra::CAPACITY_CORES)
+                        .and_then(|a| a.as_integer())
+                        .unwrap_or(100);
+                    if cores >= 100 {
+                        card.core_allocated += 100;
+                        card.memory_allocated_mib += card.memory_mib;
+                        "whole".to_string()
+                    } else {
+                        let mib = consumed(dra::CAPACITY_MEMORY).map_or(card.memory_mib, |a| a.ceil() >> 20);
+                        card.core_allocated += cores as u32;
+                        card.memory_allocated_mib += mib;
+                        format!("{cores}% + {mib} MiB")
+                    }
+                };
+                let holders = if users.is_empty() {
+                    vec![key.clone()]
+                } else {
+                    users.clone()
+                };
+                for pod in holders {
+                    card.pods.push(CardPod {
+                        pod,
+                        containers: vec![],
+                        holds: format!("{held} (DRA claim {key})"),
+                    });
+                }
+                card.pods.sort_by(|a, b| a.pod.cmp(&b.pod));
+                card.tenants = card
+                    .pods
+                    .iter()
+                    .filter_map(|p| p.pod.split_once('/'))
+                    .map(|(ns, _)| ns.to_string())
+                    .collect();
+                card.tenants.sort();
+                card.tenants.dedup();
+            }
+        }
+    }
+}
+
+/// The card index of a slice device name (`gpu-2`), and whether it names a MIG device of it
+/// (`gpu-2-mig-9-0`).
+fn card_of(device: &str) -> Option<(u32, bool)> {
+    let rest = device.strip_prefix("gpu-")?;
+    let (index, mig) = match rest.split_once("-mig-") {
+        Some((i, _)) => (i, true),
+        None => (rest, false),
+    };
+    Some((index.parse().ok()?, mig))
 }
 
 /// Charges `a` to the node's cards as the extender does (`ledger::usage_of`: per card, the

@@ -932,11 +932,12 @@ spec:
 }
 
 /// A MIG slice through the real scheduler, kubelet and runtime: the container sees the MIG
-/// device the signed allocation names, on a node whose other cards are in MIG mode too.
+/// device the signed allocation names, on a node whose other cards are in MIG mode too; and one
+/// through DRA, chosen by profile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mig_slice_on_a_real_cluster() -> anyhow::Result<()> {
     let mut c = Cluster::start().await?;
-    let t = tessera::install(&mut c, "a100-mig", 100, false).await?;
+    let t = tessera::install(&mut c, "a100-mig", 100, true).await?;
     c.apply(&gpu_pod("slice", &[("tessera.io/mig-1g.5gb", "1")]))?;
     c.wait_for(&["pod/slice"], "{.status.phase}", "Succeeded", Duration::from_secs(90))
         .await
@@ -948,6 +949,27 @@ async fn a_mig_slice_on_a_real_cluster() -> anyhow::Result<()> {
     };
     assert_eq!(profile.to_string(), "1g.5gb");
     assert_eq!(got["CVD"], *uuid, "{got:?}");
+    // Through DRA on the same node: a MIG device chosen by profile with a CEL selector (the
+    // node's one 2g.10gb, which the extender's pod above does not hold).
+    c.apply(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: mig-2g, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: mig.gpu.tessera.io
+          selectors:
+          - cel: {expression: 'device.attributes["gpu.tessera.io"].profile == "2g.10gb"'}
+"#,
+    )?;
+    c.apply(&dra_pod("dmig", "mig-2g", true))?;
+    let dra = running(&c, "dmig").await?;
+    assert_eq!(dra["CVD"], "MIG-a7f72a5e-c1f5-bacf-2f86-e5c7963131e0", "{dra:?}");
+    assert_eq!(dra["CORE"], "", "a MIG device has no share limits: {dra:?}");
     Ok(())
 }
 
@@ -1129,6 +1151,48 @@ spec:
         );
     }
 
+    // `kubectl tessera inspect` shows the DRA claims on their cards.
+    let out = c
+        .command(tessera::bin("kubectl-tessera"))
+        .args(["inspect", "-o", "json", "--kubeconfig"])
+        .arg(c.kubeconfig())
+        .output()?;
+    anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let share_uuid = cards[&share_device].clone();
+    let shared = view["nodes"][0]["cards"]
+        .as_array()
+        .and_then(|all| all.iter().find(|c| c["uuid"] == share_uuid.as_str()))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (
+            shared["core_allocated"].as_u64(),
+            shared["memory_allocated_mib"].as_u64()
+        ),
+        (Some(50), Some(7168)),
+        "{shared}"
+    );
+    let holds: Vec<String> = shared["pods"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            format!(
+                "{} {}",
+                p["pod"].as_str().unwrap_or_default(),
+                p["holds"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    assert_eq!(
+        holds,
+        [
+            "default/dshare-a 30% + 4096 MiB (DRA claim default/share-a)",
+            "default/dshare-b 20% + 3072 MiB (DRA claim default/share-b)"
+        ]
+    );
+
     // The kubelet watches the plugin's device health stream without errors.
     let kubelet_log = c.log_tail("kubelet", 100_000);
     assert!(
@@ -1236,6 +1300,20 @@ spec:
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(left, 0, "records left: {}", c.log_tail("dra-plugin", 15));
+
+    // A whole card asked as an extended resource (`tessera.io/gpu: 1`, the class's
+    // extendedResourceName): the default scheduler makes the claim, the card is the pod's.
+    c.apply(
+        &dra_pod("dext", "unused", false)
+            .replace("  resourceClaims:\n  - {name: gpu, resourceClaimName: unused}\n", "")
+            .replace(
+                "resources: {claims: [{name: gpu}]}",
+                "resources: {limits: {tessera.io/gpu: \"1\"}}",
+            ),
+    )?;
+    let ext = running(&c, "dext").await?;
+    assert!(cards.values().any(|u| *u == ext["CVD"]), "{ext:?}");
+    assert_eq!((ext["DEV"].as_str(), ext["CORE"].as_str()), ("1", ""), "{ext:?}");
     println!("DRA e2e {:.1}s", begun.elapsed().as_secs_f64());
     Ok(())
 }
