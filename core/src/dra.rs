@@ -86,6 +86,36 @@ pub enum DraError {
         /// Why.
         reason: String,
     },
+    /// The node's record of a claim cannot be read.
+    #[error("claim {uid}: its record on this node cannot be read: {error}")]
+    Unreadable {
+        /// The claim's uid.
+        uid: String,
+        /// Why.
+        error: String,
+    },
+    /// A container's marker for a claim does not carry the token the node gave the claim's
+    /// marker (the container wrote it into its own environment).
+    #[error(
+        "claim {claim} ({uid}): the container's marker does not carry the claim's token; a container gets a claim only through the kubelet"
+    )]
+    WrongToken {
+        /// `namespace/name`.
+        claim: String,
+        /// The claim's uid.
+        uid: String,
+    },
+    /// A container would get a share and another device (two shares, or a share and a whole
+    /// card): one container's limits are one share's.
+    #[error(
+        "claims {claims:?} give one container a share of a card and other devices ({devices}); a container may hold one share, alone"
+    )]
+    SeveralShares {
+        /// The claims' `namespace/name`s.
+        claims: Vec<String>,
+        /// The devices, for people.
+        devices: String,
+    },
     /// A container names a claim that was not prepared on this node.
     #[error("claim {uid} is not prepared on this node")]
     NotPrepared {
@@ -300,8 +330,13 @@ pub struct PreparedClaim {
     pub namespace: String,
     /// Its name.
     pub name: String,
-    /// The uids of the pods it is reserved for (`status.reservedFor`).
+    /// The uids of the pods it was reserved for when it was prepared (`status.reservedFor`,
+    /// for people: a shared claim gains pods later).
     pub pods: Vec<String>,
+    /// The secret the claim's marker carries: only a container the kubelet gave the marker
+    /// has it (see [`new_token`]).
+    #[serde(default)]
+    pub token: String,
     /// Its devices on this node.
     pub devices: Vec<PreparedDevice>,
 }
@@ -380,6 +415,7 @@ pub fn prepare(
         namespace,
         name,
         pods,
+        token: String::new(),
         devices,
     })
 }
@@ -449,14 +485,7 @@ fn allocated_device(
             });
         }
         let memory_mib = memory.unwrap_or(gpu.memory_mib).min(gpu.memory_mib);
-        return Ok(Some(AllocatedDevice::Gpu {
-            uuid: gpu.uuid.clone(),
-            index: gpu.index,
-            minor: gpu.minor,
-            core_percent,
-            memory_mib,
-            exclusive: false,
-        }));
+        return Ok(Some(AllocatedDevice::share(gpu, core_percent, memory_mib)));
     }
     Ok(None)
 }
@@ -482,48 +511,77 @@ pub fn marker_file(uid: &str) -> String {
     format!("tessera.io-claim-{uid}.json")
 }
 
-/// The CDI spec of claim `uid`'s marker: one device that sets `TESSERA_DRA_CLAIM_<uid>=<uid>`.
-pub fn marker_spec(uid: &str) -> CdiSpec {
-    CdiSpec {
-        cdi_version: "0.5.0".into(),
+/// A fresh marker token: 128 random bits, hex.
+pub fn new_token() -> String {
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0u8; 16];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .expect("the system's random source works");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The CDI spec of claim `uid`'s marker: one device that sets `TESSERA_DRA_CLAIM_<uid>` to the
+/// claim's token.
+pub fn marker_spec(uid: &str, token: &str) -> CdiSpec {
+    let mut spec = CdiSpec {
+        cdi_version: String::new(),
         kind: CLAIM_CDI_KIND.into(),
         devices: vec![CdiDevice {
             name: uid.into(),
             annotations: BTreeMap::new(),
             container_edits: CdiEdits {
-                env: vec![format!("{}={uid}", marker_env(uid))],
+                env: vec![format!("{}={token}", marker_env(uid))],
                 ..Default::default()
             },
         }],
         container_edits: CdiEdits::default(),
-    }
+    };
+    spec.cdi_version = spec.minimum_version().into();
+    spec
 }
 
-/// The claim uids a container's environment names through markers (`KEY=value` entries).
-pub fn marked_claims(env: &[String]) -> Vec<String> {
-    let mut uids: Vec<String> = env
+/// The claims a container's environment names through markers (`KEY=value` entries): each
+/// claim's uid and the token its marker carries.
+pub fn marked_claims(env: &[String]) -> Vec<(String, String)> {
+    let mut marks: Vec<(String, String)> = env
         .iter()
         .filter_map(|e| e.split_once('='))
-        .filter(|(k, v)| k.starts_with(MARKER_ENV_PREFIX) && *k == marker_env(v))
-        .map(|(_, v)| v.to_string())
+        .filter_map(|(k, v)| Some((k.strip_prefix(MARKER_ENV_PREFIX)?.replace('_', "-"), v.to_string())))
+        .filter(|(uid, _)| is_uid(uid))
         .collect();
-    uids.sort();
-    uids.dedup();
-    uids
+    marks.sort();
+    marks.dedup();
+    marks
 }
 
-/// The devices the claims `uids` give a container of a pod in `namespace`, from the node's
-/// records: every claim must be prepared here and be of the pod's namespace. (Kubernetes lets
-/// a pod use only its own namespace's claims; the pods a claim is reserved for grow after it
-/// was prepared, when another pod shares it, so the namespace, not the recorded pods, is
-/// what is checked.)
-pub fn devices_for(store: &ClaimStore, namespace: &str, uids: &[String]) -> Result<Vec<AllocatedDevice>, DraError> {
-    let mut out: Vec<AllocatedDevice> = Vec::new();
-    for uid in uids {
+/// What the claims a container's markers name give it: their devices and the claims' uids.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClaimedDevices {
+    /// The devices, each once.
+    pub devices: Vec<AllocatedDevice>,
+    /// The claims' uids.
+    pub claims: Vec<String>,
+}
+
+/// The devices the claims `marks` (uid, token) give a container of a pod in `namespace`, from
+/// the node's records: every claim must be prepared here, be of the pod's namespace (Kubernetes
+/// lets a pod use only its own namespace's claims) and be named with the token the node gave its
+/// marker (only the kubelet hands that to a container); a share comes alone.
+pub fn devices_for(
+    store: &ClaimStore,
+    namespace: &str,
+    marks: &[(String, String)],
+) -> Result<ClaimedDevices, DraError> {
+    let mut out = ClaimedDevices::default();
+    let (mut keys, mut raw, mut shares) = (Vec::new(), 0usize, 0usize);
+    for (uid, token) in marks {
         let claim = store
             .get(uid)
-            .ok()
-            .flatten()
+            .map_err(|e| DraError::Unreadable {
+                uid: uid.clone(),
+                error: e.to_string(),
+            })?
             .ok_or_else(|| DraError::NotPrepared { uid: uid.clone() })?;
         if claim.namespace != namespace {
             return Err(DraError::OtherNamespace {
@@ -532,11 +590,33 @@ pub fn devices_for(store: &ClaimStore, namespace: &str, uids: &[String]) -> Resu
                 namespace: namespace.into(),
             });
         }
+        use subtle::ConstantTimeEq as _;
+        if claim.token.is_empty() || !bool::from(claim.token.as_bytes().ct_eq(token.as_bytes())) {
+            return Err(DraError::WrongToken {
+                claim: claim.key(),
+                uid: uid.clone(),
+            });
+        }
+        keys.push(claim.key());
+        out.claims.push(uid.clone());
         for d in claim.devices {
-            if !out.contains(&d.allocated) {
-                out.push(d.allocated);
+            raw += 1;
+            shares += usize::from(matches!(d.allocated, AllocatedDevice::Gpu { exclusive: false, .. }));
+            if !out.devices.contains(&d.allocated) {
+                out.devices.push(d.allocated);
             }
         }
+    }
+    if shares > 0 && raw > 1 {
+        return Err(DraError::SeveralShares {
+            claims: keys,
+            devices: out
+                .devices
+                .iter()
+                .map(|d| d.uuid().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
     }
     Ok(out)
 }

@@ -46,6 +46,8 @@ pub struct Grant {
     pub share: Option<ShareLimits>,
     /// The container's devices, as the allocation gives them.
     pub devices: Vec<AllocatedDevice>,
+    /// The DRA claims (uids) the devices come from (empty for a signed allocation).
+    pub claims: Vec<String>,
 }
 
 /// Why a container that asked for Tessera resources must not be created.
@@ -167,18 +169,20 @@ pub fn decide_claims(
     namespace: &str,
     container: &str,
     container_annotations: &BTreeMap<String, String>,
-    claims: &[String],
+    marks: &[(String, String)],
 ) -> Result<Injection, InjectionError> {
     if !kubelet_amounts(container_annotations).is_empty() {
         return Err(InjectionError::ClaimsAndResources {
             container: container.into(),
         });
     }
-    let devices = crate::dra::devices_for(store, namespace, claims).map_err(|source| InjectionError::Claim {
+    let claimed = crate::dra::devices_for(store, namespace, marks).map_err(|source| InjectionError::Claim {
         container: container.into(),
         source: Box::new(source),
     })?;
-    grant(ctx, container, &devices, None).map(Injection::Grant)
+    let mut g = grant(ctx, container, &claimed.devices, None)?;
+    g.claims = claimed.claims;
+    Ok(Injection::Grant(g))
 }
 
 /// What `devices` give container `container`: CDI devices, the environment that names them,

@@ -105,7 +105,8 @@ pub fn own_slice_guard(
                     "'{NODE_NAME_EXTRA}' in request.userInfo.extra && \
                      (request.operation == 'DELETE' ? oldObject : object).spec.driver == '{DRIVER}' && \
                      has((request.operation == 'DELETE' ? oldObject : object).spec.nodeName) && \
-                     request.userInfo.extra['{NODE_NAME_EXTRA}'][0] == (request.operation == 'DELETE' ? oldObject : object).spec.nodeName"
+                     request.userInfo.extra['{NODE_NAME_EXTRA}'][0] == (request.operation == 'DELETE' ? oldObject : object).spec.nodeName && \
+                     (request.operation == 'DELETE' ? oldObject : object).spec.pool.name == (request.operation == 'DELETE' ? oldObject : object).spec.nodeName"
                 ),
                 message: Some(format!(
                     "a Tessera node agent ({agent}) writes only its own node's {DRIVER} ResourceSlice"

@@ -34,9 +34,11 @@ pub fn front(listener: UnixListener) -> ReceiverStream<io::Result<DuplexStream>>
         loop {
             let (client, _) = match listener.accept().await {
                 Ok(c) => c,
+                // Out of descriptors and the like: the listener stays; try again shortly.
                 Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
                 }
             };
             let (server_end, relay_end) = tokio::io::duplex(64 * 1024);
@@ -91,6 +93,8 @@ where
     }
     to.write_all(&preface).await?;
     let mut decoder = loona_hpack::Decoder::new();
+    // The server advertises HTTP/2's default table size: the client may not use more.
+    decoder.set_max_allowed_table_size(4096);
     // A header block being gathered from HEADERS and CONTINUATION frames.
     let mut pending: Option<(u32, u8, Vec<u8>)> = None;
     loop {

@@ -65,8 +65,8 @@ impl Preparer {
         }
     }
 
-    fn write_marker(&self, uid: &str) -> Result<(), String> {
-        let spec = dra::marker_spec(uid);
+    fn write_marker(&self, uid: &str, token: &str) -> Result<(), String> {
+        let spec = dra::marker_spec(uid, token);
         let text = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
         let path = self.cdi_dir.join(dra::marker_file(uid));
         dra::write_atomic(&self.cdi_dir, &path, &text, 0o755, 0o644)
@@ -81,8 +81,12 @@ impl Preparer {
             return Err(format!("claim {key}: uid {:?} is not a uid", claim.uid));
         }
         let _one = self.busy.lock().await;
-        if let Some(done) = self.store.get(&claim.uid).map_err(|e| e.to_string())? {
-            self.write_marker(&done.uid)?;
+        if let Some(done) = self
+            .store
+            .get(&claim.uid)
+            .map_err(|e| format!("claim {key}: its record cannot be read: {e}"))?
+        {
+            self.write_marker(&done.uid, &done.token)?;
             return Ok(devices_of(&done));
         }
         let inv = self
@@ -91,10 +95,11 @@ impl Preparer {
             .clone()
             .ok_or_else(|| format!("claim {key}: the node's GPUs are not read yet"))?;
         let found = self.claims.get(&claim.namespace, &claim.name).await?;
-        let prepared = dra::prepare(&inv, &self.node, &claim.uid, &found).map_err(|e| e.to_string())?;
+        let mut prepared = dra::prepare(&inv, &self.node, &claim.uid, &found).map_err(|e| e.to_string())?;
+        prepared.token = dra::new_token();
         // The marker first, then the record: a crash between leaves a marker that names no
         // record (it grants nothing) and the kubelet's retry prepares the claim again.
-        self.write_marker(&prepared.uid)?;
+        self.write_marker(&prepared.uid, &prepared.token)?;
         self.store
             .put(&prepared)
             .map_err(|e| format!("claim {key}: recording it under {}: {e}", self.store.dir().display()))?;

@@ -55,6 +55,8 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let cli = Cli::parse();
+    // kube's TLS: one crypto provider for the process (the workspace's rustls has two).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     if cli.memory_unit_mib == 0 {
         anyhow::bail!("--memory-unit-mib=0: the memory unit must be at least 1 MiB");
     }

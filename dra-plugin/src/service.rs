@@ -102,8 +102,13 @@ pub async fn run(
     let mut tick = tokio::time::interval(config.poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
+    let (mut dra_task, mut reg_task) = (dra_task, reg_task);
     loop {
         tokio::select! {
+            // A server that ends on its own leaves the kubelet nobody to talk to: stop, so that
+            // the DaemonSet starts the plugin again.
+            ended = &mut dra_task => anyhow::bail!("the DRA service stopped: {ended:?}"),
+            ended = &mut reg_task => anyhow::bail!("the registration service stopped: {ended:?}"),
             _ = tick.tick() => {
                 match source.discover() {
                     Ok(inv) => {

@@ -289,7 +289,8 @@ async fn registers_prepares_once_across_a_restart_and_unprepares_what_it_prepare
     ));
     let marker: tessera_core::cdi::CdiSpec =
         serde_json::from_slice(&std::fs::read(plugin.cdi().join("tessera.io-claim-u-share.json")).unwrap()).unwrap();
-    assert_eq!(marker, dra::marker_spec("u-share"));
+    assert_eq!(marker, dra::marker_spec("u-share", &record.token));
+    assert_eq!(record.token.len(), 32);
     assert!(plugin.store().get("u-bad").unwrap().is_none());
     assert!(!plugin.cdi().join("tessera.io-claim-u-bad.json").exists());
 

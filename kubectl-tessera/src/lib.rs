@@ -61,12 +61,18 @@ pub async fn inspect(client: &Client, node: Option<&str>, output: Output) -> Res
         .map_err(api("listing pods"))?
         .items;
     // DRA claims (Kubernetes 1.34+; an older API server has none to list).
+    let mut denied = None;
     let claims = match Api::<k8s_openapi::api::resource::v1::ResourceClaim>::all(client.clone())
         .list(&ListParams::default())
         .await
     {
         Ok(list) => list.items,
         Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
+        // Not allowed to list claims: the rest is still worth showing.
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            denied = Some(format!("DRA claims not shown: {}", e.message));
+            Vec::new()
+        }
         Err(e) => {
             return Err(CliError::Api {
                 what: "listing resource claims",
@@ -76,6 +82,7 @@ pub async fn inspect(client: &Client, node: Option<&str>, output: Output) -> Res
     };
     let mut view = ClusterView::build(&nodes, &pods);
     view.add_claims(&claims);
+    view.problems.extend(denied);
     if view.nodes.is_empty() {
         return Err(CliError::NoTesseraNodes);
     }

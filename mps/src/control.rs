@@ -104,12 +104,13 @@ impl MpsBinaries {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let reply = self.command_once(layout, uuid, cmd, left).await?;
             let said = reply.said();
-            let turned_away = said.contains(BUSY) || (said.is_empty() && answers(cmd));
+            let turned_away = reply.unread || said.contains(BUSY) || (said.is_empty() && answers(cmd));
             if !turned_away {
+                let why = if said.is_empty() { "nothing said" } else { said };
                 return if reply.status.success() {
                     Ok(reply.stdout.trim().to_string())
                 } else {
-                    Err(format!("{cmd:?} failed ({}): {said}", reply.status))
+                    Err(format!("{cmd:?} failed ({}): {why}", reply.status))
                 };
             }
             if tokio::time::Instant::now() + BUSY_RETRY >= deadline {
@@ -141,18 +142,19 @@ impl MpsBinaries {
             .spawn()
             .map_err(|e| format!("running {}: {e}", self.control.display()))?;
         let mut stdin = child.stdin.take().expect("piped");
-        match stdin.write_all(format!("{cmd}\n").as_bytes()).await {
-            // The client gave up before reading (turned away); what it printed says why.
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        let unread = match stdin.write_all(format!("{cmd}\n").as_bytes()).await {
+            // The client gave up before reading its command: turned away, whatever it printed.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => true,
             Err(e) => return Err(format!("writing {cmd:?} to the control client: {e}")),
-            Ok(()) => {}
-        }
+            Ok(()) => false,
+        };
         drop(stdin);
         let out = tokio::time::timeout(timeout, child.wait_with_output())
             .await
             .map_err(|_| format!("{cmd:?} got no answer within {}s", timeout.as_secs()))?
             .map_err(|e| format!("waiting for the control client: {e}"))?;
         Ok(ClientReply {
+            unread,
             status: out.status,
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -162,6 +164,8 @@ impl MpsBinaries {
 
 /// What one run of the control client printed, and how it exited.
 struct ClientReply {
+    /// The client exited before it read the command.
+    unread: bool,
     status: std::process::ExitStatus,
     stdout: String,
     stderr: String,

@@ -80,6 +80,8 @@ pub struct Tracked {
     pub stopped: bool,
     /// An MPS share: its limits, which its card's daemon ceiling must cover.
     pub mps_share: Option<ShareLimits>,
+    /// The DRA claims (uids) its devices come from: containers of one claim share them.
+    pub claims: Vec<String>,
 }
 
 /// The plugin's state, shared by all sessions (it survives reconnects).
@@ -280,7 +282,7 @@ impl TesseraPlugin {
                         )
                     })?;
                 let mut injected = self.injected.lock().expect("not poisoned");
-                if let Some(e) = double_grant(&injected, pod, &container.name, &grant.devices) {
+                if let Some(e) = double_grant(&injected, pod, &container.name, &grant.devices, &grant.claims) {
                     return Err(e);
                 }
                 injected.insert(
@@ -296,6 +298,7 @@ impl TesseraPlugin {
                             .share
                             .clone()
                             .filter(|_| grant.enforced_by == Some(ShareEnforcement::Mps)),
+                        claims: grant.claims.clone(),
                     },
                 );
                 drop(injected);
@@ -448,9 +451,14 @@ fn double_grant(
     pod: &api::PodSandbox,
     container: &str,
     devices: &[AllocatedDevice],
+    claims: &[String],
 ) -> Option<String> {
     for (held, t) in live.iter().filter(|(_, t)| !t.stopped) {
         if t.namespace == pod.namespace && t.pod == pod.name && !t.pod.is_empty() {
+            continue;
+        }
+        // One DRA claim reserved for several pods: they share its devices by design.
+        if t.claims.iter().any(|c| claims.contains(c)) {
             continue;
         }
         let held_uuids: Vec<&str> = t.uuids.split(',').filter(|u| !u.is_empty()).collect();
@@ -526,12 +534,21 @@ impl Plugin for TesseraPlugin {
             .filter_map(|c| {
                 let uuids = injected_of(c)?;
                 let pod = pods.get(c.pod_sandbox_id.as_str());
-                // For metrics only: the container was admitted when it was created.
-                let devices = pod
-                    .and_then(|p| p.annotations.get(tessera_core::names::ANNOTATION_ALLOCATION))
-                    .and_then(|a| tessera_core::handoff::Allocation::decode(a).ok())
-                    .and_then(|a| a.container(&c.name).map(|m| m.devices.clone()))
+                // The container was admitted when it was created: its devices, for the metrics
+                // and the double-grant check, from its pod's allocation or its DRA claims.
+                let marks = tessera_core::dra::marked_claims(&c.env);
+                let claimed = pod
+                    .filter(|_| !marks.is_empty())
+                    .and_then(|p| tessera_core::dra::devices_for(&self.config.claims, &p.namespace, &marks).ok())
                     .unwrap_or_default();
+                let devices = if marks.is_empty() {
+                    pod.and_then(|p| p.annotations.get(tessera_core::names::ANNOTATION_ALLOCATION))
+                        .and_then(|a| tessera_core::handoff::Allocation::decode(a).ok())
+                        .and_then(|a| a.container(&c.name).map(|m| m.devices.clone()))
+                        .unwrap_or_default()
+                } else {
+                    claimed.devices
+                };
                 Some((
                     c.id.clone(),
                     Tracked {
@@ -542,6 +559,7 @@ impl Plugin for TesseraPlugin {
                         devices,
                         stopped: c.state.value() == api::ContainerState::CONTAINER_STOPPED as i32,
                         mps_share: mps_share_of(c),
+                        claims: claimed.claims,
                     },
                 ))
             })
@@ -797,12 +815,14 @@ mod tests {
             claims: store.clone(),
         });
         let g = &inv.gpus[2];
+        let token = dra::new_token();
         store
             .put(&PreparedClaim {
                 uid: "u-1".into(),
                 namespace: "team-a".into(),
                 name: "share".into(),
                 pods: vec!["p".into()],
+                token: token.clone(),
                 devices: vec![PreparedDevice {
                     requests: vec!["gpu".into()],
                     pool: "n".into(),
@@ -826,14 +846,14 @@ mod tests {
             p.namespace = ns.into();
             p
         };
-        let ctr = |id: &str, uid: &str| {
+        let ctr = |id: &str, uid: &str, token: &str| {
             let mut c = api::Container::new();
             c.id = id.into();
             c.name = "main".into();
-            c.env = vec![format!("{}={uid}", dra::marker_env(uid)), "PATH=/bin".into()];
+            c.env = vec![format!("{}={token}", dra::marker_env(uid)), "PATH=/bin".into()];
             c
         };
-        let adj = plugin.adjust(&pod("team-a"), &ctr("c1", "u-1")).unwrap();
+        let adj = plugin.adjust(&pod("team-a"), &ctr("c1", "u-1", &token)).unwrap();
         let env: BTreeMap<String, String> = adj.env.iter().map(|kv| (kv.key.clone(), kv.value.clone())).collect();
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], g.uuid);
         assert_eq!(
@@ -853,14 +873,43 @@ mod tests {
 
         let refused = |p: &api::PodSandbox, c: &api::Container| plugin.adjust(p, c).unwrap_err();
         assert!(
-            refused(&pod("team-b"), &ctr("c2", "u-1"))
+            refused(&pod("team-b"), &ctr("c2", "u-1", &token))
                 .contains("claim team-a/share (u-1) is not a claim of namespace team-b")
         );
-        assert!(refused(&pod("team-a"), &ctr("c3", "u-9")).contains("claim u-9 is not prepared on this node"));
-        let mut both = ctr("c4", "u-1");
+        assert!(refused(&pod("team-a"), &ctr("c3", "u-9", &token)).contains("claim u-9 is not prepared on this node"));
+        // A pod of the namespace that writes the marker itself has no token.
+        assert!(refused(&pod("team-a"), &ctr("c5", "u-1", "u-1")).contains("does not carry the claim's token"));
+        let mut both = ctr("c4", "u-1", &token);
         both.annotations
             .insert("tessera.io/allocated.gpu-core".into(), "30".into());
         assert!(refused(&pod("team-a"), &both).contains("ask through one or the other"));
+
+        // A whole card's claim reserved for two pods: both get the card (a shared claim is
+        // not a double grant).
+        let w = &inv.gpus[3];
+        let whole_token = dra::new_token();
+        store
+            .put(&PreparedClaim {
+                uid: "u-w".into(),
+                namespace: "team-a".into(),
+                name: "whole".into(),
+                pods: vec![],
+                token: whole_token.clone(),
+                devices: vec![PreparedDevice {
+                    requests: vec!["gpu".into()],
+                    pool: "n".into(),
+                    device: "gpu-3".into(),
+                    share_id: None,
+                    allocated: AllocatedDevice::whole(w),
+                }],
+            })
+            .unwrap();
+        let mut other = pod("team-a");
+        other.name = "evaluator".into();
+        other.uid = "q".into();
+        plugin.adjust(&pod("team-a"), &ctr("c6", "u-w", &whole_token)).unwrap();
+        plugin.adjust(&other, &ctr("c7", "u-w", &whole_token)).unwrap();
+        assert_eq!(plugin.tracked()["c7"].uuids, w.uuid);
     }
 
     /// A card a live container of one pod holds whole is granted to no other pod, even on a

@@ -43,6 +43,7 @@ fn tracked(pod: &str, devices: Vec<AllocatedDevice>) -> Tracked {
         devices,
         stopped: false,
         mps_share: None,
+        claims: vec![],
     }
 }
 

@@ -1253,6 +1253,37 @@ spec:
         "jsonpath={.status.containerStatuses[0].state.waiting.message}",
     ])?;
     assert!(why.contains("is not a claim of namespace intruder"), "{why}");
+    // A pod of the claim's own namespace that writes the marker itself has no token.
+    c.apply(&format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: copier, namespace: default}}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: docker.io/tessera/busybox:test
+    imagePullPolicy: Never
+    env: [{{name: {}, value: "{uid}"}}]
+    command: ["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]
+"#,
+        tessera_core::dra::marker_env(uid)
+    ))?;
+    c.wait_for(
+        &["pod/copier"],
+        "{.status.containerStatuses[0].state.waiting.reason}",
+        "CreateContainerError",
+        Duration::from_secs(60),
+    )
+    .await?;
+    let why = c.kubectl_ok(&[
+        "get",
+        "pod",
+        "copier",
+        "-o",
+        "jsonpath={.status.containerStatuses[0].state.waiting.message}",
+    ])?;
+    assert!(why.contains("does not carry the claim's token"), "{why}");
 
     // A node agent writes only its own node's slice.
     let agent = format!("--kubeconfig={}", c.dir().join("tessera-node.kubeconfig").display());

@@ -209,39 +209,85 @@ fn claims_the_node_cannot_honour_are_refused_with_what_is_wrong() {
 }
 
 #[test]
-fn a_container_gets_a_claims_devices_only_when_the_claim_is_prepared_here_and_of_its_namespace() {
+fn a_container_gets_a_claims_devices_only_through_its_marker_in_its_namespace() {
     let dir = tempfile::tempdir().unwrap();
     let store = ClaimStore::new(dir.path());
     let t4 = inv("t4x2");
-    let c = prepare(
+    let mut c = prepare(
         &t4,
         "node-a",
         "u-1",
         &claim(vec![result("gpu-0", &[("cores", "30"), ("memory", "4Gi")])], &["p1"]),
     )
     .unwrap();
+    c.token = new_token();
     store.put(&c).unwrap();
-    let env = vec![format!("{}=u-1", marker_env("u-1")), "PATH=/bin".to_string()];
-    let uids = marked_claims(&env);
-    assert_eq!(uids, ["u-1"]);
+    // What the kubelet hands the container: the marker's variable with the claim's token.
+    let env = marker_spec("u-1", &c.token).devices[0].container_edits.env.clone();
+    let marks = marked_claims(&[env, vec!["PATH=/bin".to_string()]].concat());
+    assert_eq!(marks, [("u-1".to_string(), c.token.clone())]);
+    let got = devices_for(&store, "team-a", &marks).unwrap();
     assert_eq!(
-        devices_for(&store, "team-a", &uids).unwrap(),
-        vec![c.devices[0].allocated.clone()]
+        (got.devices, got.claims),
+        (vec![c.devices[0].allocated.clone()], vec!["u-1".to_string()])
     );
     // Another namespace's pod naming the claim (its env is its own to write) gets nothing.
     assert_eq!(
-        devices_for(&store, "team-b", &uids).unwrap_err().to_string(),
+        devices_for(&store, "team-b", &marks).unwrap_err().to_string(),
         "claim team-a/c (u-1) is not a claim of namespace team-b"
     );
+    // Nor does a pod of the namespace that writes the marker itself, without the token.
+    let forged = [("u-1".to_string(), "u-1".to_string())];
+    assert!(
+        devices_for(&store, "team-a", &forged)
+            .unwrap_err()
+            .to_string()
+            .contains("does not carry the claim's token")
+    );
     assert_eq!(
-        devices_for(&store, "team-a", &["u-9".to_string()])
+        devices_for(&store, "team-a", &[("u-9".to_string(), c.token.clone())])
             .unwrap_err()
             .to_string(),
         "claim u-9 is not prepared on this node"
     );
-    // A marker whose name and value disagree names nothing; a path is no uid.
-    assert!(marked_claims(&[format!("{}=u-9", marker_env("u-1"))]).is_empty());
+    // A record that cannot be read is said to be unreadable, not missing.
+    std::fs::write(store.dir().join("u-7.json"), "{").unwrap();
+    assert!(
+        devices_for(&store, "team-a", &[("u-7".to_string(), "t".to_string())])
+            .unwrap_err()
+            .to_string()
+            .contains("cannot be read")
+    );
+    // A marker name that is no uid names nothing.
+    assert!(marked_claims(&["TESSERA_DRA_CLAIM_.._etc=x".to_string()]).is_empty());
     assert!(store.get("../../etc/passwd").unwrap().is_none());
+}
+
+#[test]
+fn a_share_comes_alone_to_a_container() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ClaimStore::new(dir.path());
+    let t4 = inv("t4x2");
+    let mut marks = Vec::new();
+    for (uid, device, consumed) in [
+        ("u-1", "gpu-0", vec![("cores", "30"), ("memory", "4Gi")]),
+        ("u-2", "gpu-0", vec![("cores", "30"), ("memory", "4Gi")]),
+        ("u-3", "gpu-1", vec![]),
+    ] {
+        let mut c = prepare(&t4, "node-a", "u-1", &claim(vec![result(device, &consumed)], &[])).unwrap();
+        c.uid = uid.into();
+        c.token = new_token();
+        store.put(&c).unwrap();
+        marks.push((uid.to_string(), c.token));
+    }
+    // Two equal shares of one card, or a share beside a whole card: one container's limits
+    // could hold only one of them.
+    for pair in [[0, 1], [0, 2]] {
+        let two: Vec<_> = pair.iter().map(|&i| marks[i].clone()).collect();
+        let err = devices_for(&store, "team-a", &two).unwrap_err().to_string();
+        assert!(err.contains("a container may hold one share, alone"), "{err}");
+    }
+    assert_eq!(devices_for(&store, "team-a", &marks[2..]).unwrap().devices.len(), 1);
 }
 
 #[test]
@@ -274,7 +320,7 @@ fn records_are_written_whole_for_root_only_and_removed_idempotently() {
 
 #[test]
 fn a_claims_marker_is_a_valid_cdi_spec_that_sets_only_its_variable() {
-    let spec = marker_spec("0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a");
+    let spec = marker_spec("0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a", "9f2c");
     spec.validate().unwrap();
     assert_eq!(
         marker_device("0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a"),
@@ -282,10 +328,11 @@ fn a_claims_marker_is_a_valid_cdi_spec_that_sets_only_its_variable() {
     );
     assert_eq!(
         spec.devices[0].container_edits.env,
-        ["TESSERA_DRA_CLAIM_0b6c7a2e_1d2f_4c59_9a41_3f1e2d3c4b5a=0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a"]
+        ["TESSERA_DRA_CLAIM_0b6c7a2e_1d2f_4c59_9a41_3f1e2d3c4b5a=9f2c"]
     );
     assert_eq!(
         marked_claims(&spec.devices[0].container_edits.env),
-        ["0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a"]
+        [("0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a".to_string(), "9f2c".to_string())]
     );
+    assert_ne!(new_token(), new_token());
 }
