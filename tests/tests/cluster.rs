@@ -747,7 +747,24 @@ async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> a
         ("containerd", "after-containerd"),
         ("kubelet", "after-kubelet"),
     ] {
+        let registered = |c: &Cluster| {
+            c.log_tail("device-plugin", 100_000)
+                .matches("registered with the kubelet")
+                .count()
+        };
+        let registrations = registered(&c);
         c.restart(component)?;
+        if component == "kubelet" {
+            // A kubelet admits a pod bound to it before the device plugin has registered its
+            // resources again as "no healthy devices" (UnexpectedAdmissionError): wait for both
+            // resources to be registered again, as an operator would.
+            for _ in 0..600 {
+                if registered(&c) >= registrations + 2 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         c.apply(&gpu_pod(
             pod,
             &[("tessera.io/gpu-core", "30"), ("tessera.io/gpu-memory", "4")],
