@@ -1058,6 +1058,26 @@ async fn running(c: &Cluster, pod: &str) -> anyhow::Result<std::collections::BTr
     anyhow::bail!("{pod} printed nothing")
 }
 
+/// A pod in `namespace` that names claim `uid` through a marker it writes into its own
+/// environment (with the uid where the kubelet would put the claim's token).
+fn marker_pod(namespace: &str, name: &str, uid: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: docker.io/tessera/busybox:test
+    imagePullPolicy: Never
+    env: [{{name: {}, value: "{uid}"}}]
+    command: ["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]
+"#,
+        tessera_core::dra::marker_env(uid)
+    )
+}
+
 /// A ResourceClaim of `gpu.tessera.io` asking `cores` percent and `memory` of one card.
 fn share_claim(name: &str, cores: u32, memory: &str) -> String {
     format!(
@@ -1237,21 +1257,7 @@ spec:
     let uid = c.kubectl_ok(&["get", "resourceclaim", "share-a", "-o", "jsonpath={.metadata.uid}"])?;
     let uid = uid.trim();
     c.kubectl_ok(&["create", "namespace", "intruder"])?;
-    c.apply(&format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: thief, namespace: intruder}}
-spec:
-  restartPolicy: Never
-  containers:
-  - name: main
-    image: docker.io/tessera/busybox:test
-    imagePullPolicy: Never
-    env: [{{name: {}, value: "{uid}"}}]
-    command: ["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]
-"#,
-        tessera_core::dra::marker_env(uid)
-    ))?;
+    c.apply(&marker_pod("intruder", "thief", uid))?;
     c.wait_for(
         &["-n", "intruder", "pod/thief"],
         "{.status.containerStatuses[0].state.waiting.reason}",
@@ -1271,21 +1277,7 @@ spec:
     ])?;
     assert!(why.contains("is not a claim of namespace intruder"), "{why}");
     // A pod of the claim's own namespace that writes the marker itself has no token.
-    c.apply(&format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: copier, namespace: default}}
-spec:
-  restartPolicy: Never
-  containers:
-  - name: main
-    image: docker.io/tessera/busybox:test
-    imagePullPolicy: Never
-    env: [{{name: {}, value: "{uid}"}}]
-    command: ["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]
-"#,
-        tessera_core::dra::marker_env(uid)
-    ))?;
+    c.apply(&marker_pod("default", "copier", uid))?;
     c.wait_for(
         &["pod/copier"],
         "{.status.containerStatuses[0].state.waiting.reason}",
