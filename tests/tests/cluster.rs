@@ -1244,7 +1244,21 @@ spec:
     );
 
     // A plugin restart (a rolling update): registered again, the next claim is prepared.
+    let registrations = |c: &Cluster| {
+        c.log_tail("dra-plugin", 100_000)
+            .matches("registered with the kubelet")
+            .count()
+    };
+    let before = registrations(&c);
     c.restart("dra-plugin")?;
+    // The kubelet sees the plugin go and come back: the next claim is prepared once it has
+    // registered again (a pod that comes first waits for the kubelet's retry).
+    for _ in 0..300 {
+        if registrations(&c) > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     c.apply(&share_claim("share-c", 40, "2Gi"))?;
     c.apply(&dra_pod("dshare-c", "share-c", false))?;
     let third = running(&c, "dshare-c").await?;
