@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy, ValidatingAdmissionPolicySpec,
-    Validation,
+    Validation, Variable,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector};
@@ -100,13 +100,18 @@ pub fn own_slice_guard(
                 name: "tessera-node-agent".into(),
                 expression: format!("request.userInfo.username == '{agent}'"),
             }]),
+            // The slice written, or for a deletion the one removed.
+            variables: Some(vec![Variable {
+                name: "slice".into(),
+                expression: "request.operation == 'DELETE' ? oldObject : object".into(),
+            }]),
             validations: Some(vec![Validation {
                 expression: format!(
                     "'{NODE_NAME_EXTRA}' in request.userInfo.extra && \
-                     (request.operation == 'DELETE' ? oldObject : object).spec.driver == '{DRIVER}' && \
-                     has((request.operation == 'DELETE' ? oldObject : object).spec.nodeName) && \
-                     request.userInfo.extra['{NODE_NAME_EXTRA}'][0] == (request.operation == 'DELETE' ? oldObject : object).spec.nodeName && \
-                     (request.operation == 'DELETE' ? oldObject : object).spec.pool.name == (request.operation == 'DELETE' ? oldObject : object).spec.nodeName"
+                     variables.slice.spec.driver == '{DRIVER}' && \
+                     has(variables.slice.spec.nodeName) && \
+                     request.userInfo.extra['{NODE_NAME_EXTRA}'][0] == variables.slice.spec.nodeName && \
+                     variables.slice.spec.pool.name == variables.slice.spec.nodeName"
                 ),
                 message: Some(format!(
                     "a Tessera node agent ({agent}) writes only its own node's {DRIVER} ResourceSlice"

@@ -1027,25 +1027,11 @@ async fn running(c: &Cluster, pod: &str) -> anyhow::Result<std::collections::BTr
     .await
     .with_context(|| {
         format!(
-            "{pod}: {}\ndra-plugin:\n{}\nnri-plugin:\n{}\nlogs:\n{}",
+            "{pod}: {}\ndra-plugin:\n{}\nnri-plugin:\n{}\nkubelet:\n{}",
             c.kubectl_ok(&["describe", "pod", pod]).unwrap_or_default(),
             c.log_tail("dra-plugin", 15),
             c.log_tail("nri-plugin", 15),
-            std::fs::read_dir(c.dir().join("logs"))
-                .map(|d| d
-                    .flatten()
-                    .map(|e| {
-                        let t = std::fs::read_to_string(e.path()).unwrap_or_default();
-                        let hits: Vec<&str> = t
-                            .lines()
-                            .filter(|l| l.contains("tessera.io") || l.contains("egistr"))
-                            .take(20)
-                            .collect();
-                        format!("{:?}: {}", e.file_name(), hits.join("\n"))
-                    })
-                    .collect::<Vec<_>>()
-                    .join("\n"))
-                .unwrap_or_default()
+            c.log_tail("kubelet", 15)
         )
     })?;
     for _ in 0..100 {
