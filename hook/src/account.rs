@@ -229,15 +229,22 @@ impl Accounting {
         self.slot().host_pid.store(host_pid, Ordering::Release);
     }
 
-    /// Host pids of the container's live processes that have one.
-    pub fn host_pids(&self) -> Vec<u32> {
-        self.region()
+    /// The pids NVML may sample the container's live processes under: each one's pid in the
+    /// container (driver 580 answers a query in the querying process's pid namespace, seen on
+    /// an H100) and its host pid when known (what drivers that answer in the host's namespace
+    /// use).
+    pub fn sampled_pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .region()
             .slots
             .iter()
             .filter(|s| s.pid.load(Ordering::Acquire) != 0)
-            .map(|s| s.host_pid.load(Ordering::Acquire))
+            .flat_map(|s| [s.pid.load(Ordering::Acquire), s.host_pid.load(Ordering::Acquire)])
             .filter(|&p| p != 0)
-            .collect()
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 }
 

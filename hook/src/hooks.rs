@@ -71,10 +71,16 @@ reals! {
     PRIMARY_CTX_RETAIN = c"cuDevicePrimaryCtxRetain";
     CTX_CREATE = c"cuCtxCreate_v2";
     CTX_CREATE_V3 = c"cuCtxCreate_v3";
+    MEM_POOL_TRIM = c"cuMemPoolTrimTo";
+    MEM_POOL_DESTROY = c"cuMemPoolDestroy";
+    // Not hooked: what the hook asks the driver.
+    CTX_GET_DEVICE = c"cuCtxGetDevice";
+    DEVICE_GET_MEM_POOL = c"cuDeviceGetMemPool";
+    MEM_POOL_GET_ATTRIBUTE = c"cuMemPoolGetAttribute";
 }
 
 /// Every hook: the driver function it replaces and its own address.
-fn table() -> [(&'static Real, usize); 32] {
+fn table() -> [(&'static Real, usize); 34] {
     [
         (&GET_PROC_ADDRESS, cuGetProcAddress as *const () as usize),
         (&GET_PROC_ADDRESS_V2, cuGetProcAddress_v2 as *const () as usize),
@@ -111,6 +117,8 @@ fn table() -> [(&'static Real, usize); 32] {
         (&PRIMARY_CTX_RETAIN, cuDevicePrimaryCtxRetain as *const () as usize),
         (&CTX_CREATE, cuCtxCreate_v2 as *const () as usize),
         (&CTX_CREATE_V3, cuCtxCreate_v3 as *const () as usize),
+        (&MEM_POOL_TRIM, cuMemPoolTrimTo as *const () as usize),
+        (&MEM_POOL_DESTROY, cuMemPoolDestroy as *const () as usize),
     ]
 }
 
@@ -250,12 +258,80 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     r
 }
 
-/// Admission before an allocation of `bytes`: `Err(OOM)` past the container's limit.
+/// Admission before an allocation of `bytes`: `Err(OOM)` past the container's limit. A
+/// refusal is checked once more after the pools' charges are brought up to date (a pool gives
+/// memory back at synchronisations the hook does not see).
 fn admit(h: Option<&'static Hook>, bytes: u64) -> Result<(), CuResult> {
     match h {
-        Some(h) if !protect(true, || h.admit(bytes)) => Err(CUDA_ERROR_OUT_OF_MEMORY),
+        Some(h) if !protect(true, || h.admit(bytes) || (pools_gave_back(h) && h.admit(bytes))) => {
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
         _ => Ok(()),
     }
+}
+
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`: what a pool holds of the card.
+const POOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+
+/// What `pool` holds now, as the driver says.
+fn pool_reserved(pool: u64) -> Option<u64> {
+    type F = unsafe extern "C" fn(Handle, c_int, *mut c_void) -> CuResult;
+    let mut v: u64 = 0;
+    let r = call!(
+        MEM_POOL_GET_ATTRIBUTE,
+        F,
+        pool as Handle,
+        POOL_ATTR_RESERVED_MEM_CURRENT,
+        (&raw mut v).cast::<c_void>()
+    );
+    (r == CUDA_SUCCESS).then_some(v)
+}
+
+/// Charges this process's pools what they hold now: whether any gave memory back.
+fn pools_gave_back(h: &Hook) -> bool {
+    let readings: Vec<(u64, u64)> = h
+        .pools()
+        .into_iter()
+        .filter_map(|p| pool_reserved(p).map(|r| (p, r)))
+        .collect();
+    !readings.is_empty() && h.pools_hold(&readings)
+}
+
+/// The current context's device's current pool (what `cuMemAllocAsync` allocates from).
+fn current_pool() -> Option<u64> {
+    type GetDevice = unsafe extern "C" fn(*mut CuDevice) -> CuResult;
+    type GetPool = unsafe extern "C" fn(*mut Handle, CuDevice) -> CuResult;
+    let mut dev: CuDevice = 0;
+    if call!(CTX_GET_DEVICE, GetDevice, &raw mut dev) != CUDA_SUCCESS {
+        return None;
+    }
+    let mut pool: Handle = std::ptr::null_mut();
+    (call!(DEVICE_GET_MEM_POOL, GetPool, &raw mut pool, dev) == CUDA_SUCCESS && !pool.is_null()).then_some(pool as u64)
+}
+
+/// A stream-ordered allocation from `pool` (`None`: counted as a plain one).
+fn alloc_from_pool(dptr: *mut CuDevicePtr, bytes: u64, pool: Option<u64>, make: impl FnOnce() -> CuResult) -> CuResult {
+    let (Some(h), Some(pool)) = (hook(), pool) else {
+        return alloc_ptr(dptr, bytes, make);
+    };
+    let admitted = protect(Some(0), || {
+        h.pool_admit(pool, bytes)
+            .or_else(|| pools_gave_back(h).then(|| h.pool_admit(pool, bytes)).flatten())
+    });
+    let Some(admitted) = admitted else {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    };
+    let r = make();
+    protect((), || {
+        if r == CUDA_SUCCESS && !dptr.is_null() {
+            // SAFETY: on success the driver wrote the pointer.
+            let ptr = unsafe { *dptr };
+            h.pool_made(pool, ptr, bytes, admitted, pool_reserved(pool));
+        } else if admitted > 0 {
+            h.unadmit(admitted);
+        }
+    });
+    r
 }
 
 /// After the driver answered an admitted allocation: recorded, or the admission given back.
@@ -358,7 +434,8 @@ macro_rules! async_alloc {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(dptr: *mut CuDevicePtr, bytes: usize, stream: Handle) -> CuResult {
             type F = unsafe extern "C" fn(*mut CuDevicePtr, usize, Handle) -> CuResult;
-            alloc_ptr(dptr, bytes as u64, || call!($real, F, dptr, bytes, stream))
+            let pool = hook().and_then(|_| protect(None, current_pool));
+            alloc_from_pool(dptr, bytes as u64, pool, || call!($real, F, dptr, bytes, stream))
         }
     };
 }
@@ -372,7 +449,10 @@ macro_rules! pool_alloc {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(dptr: *mut CuDevicePtr, bytes: usize, pool: Handle, stream: Handle) -> CuResult {
             type F = unsafe extern "C" fn(*mut CuDevicePtr, usize, Handle, Handle) -> CuResult;
-            alloc_ptr(dptr, bytes as u64, || call!($real, F, dptr, bytes, pool, stream))
+            let from = (!pool.is_null()).then_some(pool as u64);
+            alloc_from_pool(dptr, bytes as u64, from, || {
+                call!($real, F, dptr, bytes, pool, stream)
+            })
         }
     };
 }
@@ -385,8 +465,18 @@ pool_alloc!(cuMemAllocFromPoolAsync_ptsz, MEM_ALLOC_POOL_PTSZ);
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CuDevicePtr) -> CuResult {
     type F = unsafe extern "C" fn(CuDevicePtr) -> CuResult;
     let r = call!(MEM_FREE, F, dptr);
-    freed(Kind::Ptr, dptr, r);
+    freed_ptr(dptr, r);
     r
+}
+
+/// A freed device pointer: a pool's goes back to the pool, which keeps its memory charged.
+fn freed_ptr(dptr: CuDevicePtr, r: CuResult) {
+    if r == CUDA_SUCCESS
+        && let Some(h) = hook()
+        && !protect(false, || h.pool_freed(dptr))
+    {
+        freed(Kind::Ptr, dptr, r);
+    }
 }
 
 macro_rules! async_free {
@@ -397,13 +487,44 @@ macro_rules! async_free {
         pub unsafe extern "C" fn $name(dptr: CuDevicePtr, stream: Handle) -> CuResult {
             type F = unsafe extern "C" fn(CuDevicePtr, Handle) -> CuResult;
             let r = call!($real, F, dptr, stream);
-            freed(Kind::Ptr, dptr, r);
+            freed_ptr(dptr, r);
             r
         }
     };
 }
 async_free!(cuMemFreeAsync, MEM_FREE_ASYNC);
 async_free!(cuMemFreeAsync_ptsz, MEM_FREE_ASYNC_PTSZ);
+
+/// A trimmed pool holds less: its charge follows.
+///
+/// # Safety
+/// As the driver's `cuMemPoolTrimTo`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CuResult {
+    type F = unsafe extern "C" fn(Handle, usize) -> CuResult;
+    let r = call!(MEM_POOL_TRIM, F, pool, keep);
+    if r == CUDA_SUCCESS
+        && let Some(h) = hook()
+        && let Some(held) = pool_reserved(pool as u64)
+    {
+        protect(false, || h.pools_hold(&[(pool as u64, held)]));
+    }
+    r
+}
+
+/// # Safety
+/// As the driver's `cuMemPoolDestroy`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CuResult {
+    type F = unsafe extern "C" fn(Handle) -> CuResult;
+    let r = call!(MEM_POOL_DESTROY, F, pool);
+    if r == CUDA_SUCCESS
+        && let Some(h) = hook()
+    {
+        protect((), || h.pool_destroyed(pool as u64));
+    }
+    r
+}
 
 /// # Safety
 /// As the driver's `cuMemCreate` (virtual memory management: the physical allocation).
@@ -532,6 +653,9 @@ pub unsafe extern "C" fn cuArrayDestroy(array: Handle) -> CuResult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
     type F = unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult;
+    if let Some(h) = hook() {
+        protect(false, || pools_gave_back(h));
+    }
     let r = call!(MEM_GET_INFO, F, free, total);
     if r == CUDA_SUCCESS
         && !free.is_null()

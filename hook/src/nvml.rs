@@ -1,11 +1,12 @@
 //! What the hook asks NVML (`libnvidia-ml.so.1`, mounted with the driver): per-process SM
-//! utilization (to throttle to the container's share), and the card's when a process's host pid
-//! is unknown. Loaded lazily, off the application's threads where it can be.
+//! utilization (to throttle to the container's share), and the card's when no process is
+//! known. Loaded lazily, off the application's threads where it can be.
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_ulonglong, c_void};
 
 type NvmlReturn = c_int;
 const NVML_SUCCESS: NvmlReturn = 0;
+const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
 const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 
 /// `nvmlProcessUtilizationSample_t`.
@@ -80,27 +81,32 @@ impl Nvml {
         })
     }
 
-    /// SM utilization (percent of the card) of `pids` since the last call; of the whole card
-    /// when `pids` is empty (no host pid known yet: an over-estimate, so the container never
-    /// exceeds its share, though it may get less while others are busy).
+    /// SM utilization (percent of the card) of `pids` in NVML's newest sample; of the whole
+    /// card when `pids` is empty (no process known) or NVML keeps no per-process samples
+    /// (an over-estimate, so the container never exceeds its share, though it may get less
+    /// while others are busy). `None`: no new sample since the last call.
+    ///
+    /// The driver samples each process about every 200 ms (seen on an H100 with driver 580)
+    /// and answers `NOT_FOUND` in between: that is no news, not an idle GPU.
     pub fn utilization(&mut self, pids: &[u32]) -> Option<u32> {
         if pids.is_empty() {
-            let mut u = Utilization::default();
-            // SAFETY: valid device and out-pointer.
-            return (unsafe { (self.util)(self.device, &mut u) } == NVML_SUCCESS).then_some(u.gpu);
+            return self.card();
         }
         let mut n: c_uint = 0;
         // SAFETY: a null buffer asks for the sample count.
         let r = unsafe { (self.proc_util)(self.device, std::ptr::null_mut(), &mut n, self.last_seen) };
-        if r != NVML_SUCCESS && r != NVML_ERROR_INSUFFICIENT_SIZE {
-            // No sample since `last_seen` (NVML answers NOT_FOUND): nothing ran.
-            return Some(0);
+        match r {
+            NVML_SUCCESS | NVML_ERROR_INSUFFICIENT_SIZE => {}
+            NVML_ERROR_NOT_FOUND => return None,
+            _ => return self.card(),
         }
         let mut buf = vec![Sample::default(); n.max(1) as usize];
         let mut n = buf.len() as c_uint;
         // SAFETY: `buf` holds `n` samples.
-        if unsafe { (self.proc_util)(self.device, buf.as_mut_ptr(), &mut n, self.last_seen) } != NVML_SUCCESS {
-            return Some(0);
+        match unsafe { (self.proc_util)(self.device, buf.as_mut_ptr(), &mut n, self.last_seen) } {
+            NVML_SUCCESS => {}
+            NVML_ERROR_NOT_FOUND => return None,
+            _ => return self.card(),
         }
         let samples = &buf[..n as usize];
         self.last_seen = samples.iter().map(|s| s.time_stamp).max().unwrap_or(self.last_seen);
@@ -112,6 +118,13 @@ impl Nvml {
             }
         }
         Some(total.min(100))
+    }
+
+    /// The whole card's utilization.
+    fn card(&mut self) -> Option<u32> {
+        let mut u = Utilization::default();
+        // SAFETY: valid device and out-pointer.
+        (unsafe { (self.util)(self.device, &mut u) } == NVML_SUCCESS).then_some(u.gpu)
     }
 }
 

@@ -30,6 +30,7 @@ pub struct Hook {
     account: RwLock<Option<Accounting>>,
     allocs: Mutex<HashMap<(Kind, u64), u64>>,
     vmm: Mutex<Vmm>,
+    pools: Mutex<Pools>,
     /// Present when launches are throttled.
     pub bucket: Option<Bucket>,
     controller: Once,
@@ -49,6 +50,21 @@ struct Vmm {
     /// Mapped address -> (size, handle).
     maps: std::collections::BTreeMap<u64, (u64, u64)>,
 }
+
+/// Stream-ordered pools. A pool is charged what it holds (the driver's reserved memory), not
+/// what is allocated from it: memory freed into a pool stays the pool's (up to its release
+/// threshold) until a synchronisation or a trim gives it back to the card.
+#[derive(Default)]
+struct Pools {
+    /// Pool -> (charged, allocated from it now).
+    held: HashMap<u64, (u64, u64)>,
+    /// Pointer -> (pool, bytes).
+    ptrs: HashMap<u64, (u64, u64)>,
+}
+
+/// Set (to anything) in a process's environment, the throttle's first control steps are printed
+/// to stderr.
+pub const DEBUG_ENV: &str = "TESSERA_HOOK_DEBUG";
 
 static HOOK: OnceLock<Option<Hook>> = OnceLock::new();
 static BROKEN: log::Once = log::Once::new();
@@ -108,6 +124,7 @@ impl Hook {
             account: RwLock::new(account),
             allocs: Mutex::new(HashMap::new()),
             vmm: Mutex::new(Vmm::default()),
+            pools: Mutex::new(Pools::default()),
             bucket,
             controller: Once::new(),
             nvml: Mutex::new(None),
@@ -130,6 +147,7 @@ impl Hook {
         let limit = a.as_ref().map(Accounting::limit)?;
         *a = Accounting::open(&self.config.state_dir, limit, pid()).ok();
         self.allocs.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        *self.pools.lock().unwrap_or_else(|p| p.into_inner()) = Pools::default();
         a.as_ref().map(f)
     }
 
@@ -212,6 +230,95 @@ impl Hook {
         }
     }
 
+    /// Admission of `bytes` from `pool`: what the pool holds unallocated is charged already,
+    /// so only the rest is admitted. `Some(admitted)`, or `None` past the limit.
+    pub fn pool_admit(&self, pool: u64, bytes: u64) -> Option<u64> {
+        let need = {
+            let p = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+            let (charged, allocated) = p.held.get(&pool).copied().unwrap_or_default();
+            bytes.saturating_sub(charged.saturating_sub(allocated))
+        };
+        (need == 0 || self.admit(need)).then_some(need)
+    }
+
+    /// The driver made `ptr` (`bytes` from `pool`, `admitted` of them admitted); `reserved`:
+    /// what the pool now holds, when the driver said.
+    pub fn pool_made(&self, pool: u64, ptr: u64, bytes: u64, admitted: u64, reserved: Option<u64>) {
+        if self.with_account(|_| ()).is_none() {
+            return;
+        }
+        let mut p = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let e = p.held.entry(pool).or_default();
+        e.0 += admitted;
+        e.1 += bytes;
+        p.ptrs.insert(ptr, (pool, bytes));
+        if let Some(r) = reserved {
+            self.recharge(&mut p, pool, r);
+        }
+    }
+
+    /// `ptr` went back to its pool (which keeps the memory): whether it was a pool's.
+    pub fn pool_freed(&self, ptr: u64) -> bool {
+        let mut p = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((pool, bytes)) = p.ptrs.remove(&ptr) else {
+            return false;
+        };
+        if let Some(e) = p.held.get_mut(&pool) {
+            e.1 = e.1.saturating_sub(bytes);
+        }
+        true
+    }
+
+    /// The pools this process has allocated from.
+    pub fn pools(&self) -> Vec<u64> {
+        let p = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        p.held.keys().copied().collect()
+    }
+
+    /// Charges each `(pool, reserved)` what it holds now: whether any charge went down.
+    pub fn pools_hold(&self, readings: &[(u64, u64)]) -> bool {
+        // (A fork is noticed here, before the pools' lock: noticing it resets them.)
+        if self.with_account(|_| ()).is_none() {
+            return false;
+        }
+        let mut p = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lower = false;
+        for &(pool, reserved) in readings {
+            lower |= self.recharge(&mut p, pool, reserved);
+        }
+        lower
+    }
+
+    /// A destroyed pool holds nothing.
+    pub fn pool_destroyed(&self, pool: u64) {
+        if self.with_account(|_| ()).is_none() {
+            return;
+        }
+        let mut p = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((charged, _)) = p.held.remove(&pool) {
+            self.unadmit(charged);
+        }
+        p.ptrs.retain(|_, (owner, _)| *owner != pool);
+    }
+
+    /// Sets `pool`'s charge to what it holds (never below what is allocated from it): whether
+    /// the charge went down.
+    fn recharge(&self, p: &mut Pools, pool: u64, reserved: u64) -> bool {
+        let Some(e) = p.held.get_mut(&pool) else {
+            return false;
+        };
+        let target = reserved.max(e.1);
+        let lower = target < e.0;
+        if target > e.0 {
+            // The driver reserves in its own granules: counted, never refused.
+            self.force(target - e.0);
+        } else if lower {
+            self.unadmit(e.0 - target);
+        }
+        e.0 = target;
+        lower
+    }
+
     /// `(used, limit)` of the container, when memory is limited.
     pub fn memory(&self) -> Option<(u64, u64)> {
         self.with_account(|a| (a.used(), a.limit()))
@@ -251,10 +358,17 @@ impl Hook {
             .name("tessera-throttle".into())
             .spawn(move || {
                 let mut controller = Controller::new(target);
+                // Each control step on stderr, for a while, when asked (prints only).
+                let mut trace = if std::env::var_os(DEBUG_ENV).is_some() { 100 } else { 0 };
                 loop {
                     std::thread::sleep(PERIOD);
-                    let pids = self.with_account(|a| a.host_pids()).unwrap_or_default();
+                    let pids = self.with_account(|a| a.sampled_pids()).unwrap_or_default();
                     let util = self.with_nvml(|n| n.utilization(&pids)).flatten();
+                    if trace > 0 {
+                        trace -= 1;
+                        let rate = self.bucket.as_ref().and_then(Bucket::rate);
+                        eprintln!("tessera-cuda-hook: throttle pids={pids:?} util={util:?} rate={rate:?}");
+                    }
                     if util.is_none() && self.with_nvml(|_| ()).is_none() {
                         NO_NVML.print(format_args!(
                             "NVML unavailable: kernel launches are not throttled to the {target}% share"

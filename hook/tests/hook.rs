@@ -436,6 +436,71 @@ fn vmm_memory_released_while_mapped_stays_counted_until_unmapped() {
     }
 }
 
+/// NVML names a sampled process by its pid in the *querying* process's pid namespace (driver 580
+/// on an H100: a container's process is sampled under its container pid, not the host pid its
+/// node agent answers), and the fake NVML answers so for a client in a pid namespace of its own.
+/// The hook matches both, so a container's launches are throttled whichever a driver uses.
+#[test]
+fn launches_in_a_pid_namespace_are_throttled_too() {
+    let c = Container::limited(4096, Some(30));
+    let cmd = c.command("client_dl", &["launch", "4000", "100"]);
+    let mut unshared = Command::new("unshare");
+    unshared
+        .args(["--pid", "--fork", "--kill-child"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            unshared.env(k, v);
+        }
+    }
+    let out = unshared.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let busy: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("busy_percent="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!((busy - 30.0).abs() <= 10.0, "in its own pid namespace at 30%: {busy}");
+}
+
+/// Stream-ordered pools keep what is freed into them up to their release threshold (TensorFlow's
+/// `cuda_malloc_async`, RAPIDS and PyTorch's `cudaMallocAsync` backend set it to the most), as the
+/// driver does and the fake does (checked without the hook): the hook charges a pool what it
+/// holds, so memory kept there is not admitted a second time beside it, and gives it back when
+/// the pool does (a synchronisation with threshold 0, a trim).
+#[test]
+fn a_pool_is_charged_what_it_holds_until_it_gives_it_back() {
+    let (kept, _) = Container::new(None).run("client_dl", &["pool", "3000", "keep"]);
+    let (released, _) = Container::new(None).run("client_dl", &["pool", "3000", "release"]);
+    assert_eq!(
+        (num(&kept, "held_mib"), num(&released, "held_mib")),
+        (3000.0, 0.0),
+        "the fake driver: {kept:?} {released:?}"
+    );
+    for client in ["client_linked", "client_dl"] {
+        let c = Container::limited(4096, None);
+        let (kv, _) = c.run(client, &["pool", "3000", "keep"]);
+        assert_eq!(
+            (num(&kv, "async"), num(&kv, "held_mib"), num(&kv, "beside")),
+            (0.0, 3000.0, 2.0),
+            "{client}: 3000 MiB kept in the pool and 3000 more beside it in a 4096 MiB share: {kv:?}"
+        );
+        assert_eq!(
+            (num(&kv, "trimmed_beside"), num(&kv, "used_after_mib")),
+            (0.0, 0.0),
+            "{client}: trimmed, the pool's memory is the share's again: {kv:?}"
+        );
+        let (kv, _) = c.run(client, &["pool", "3000", "release"]);
+        assert_eq!(
+            (num(&kv, "held_mib"), num(&kv, "beside")),
+            (0.0, 0.0),
+            "{client}: given back at the sync: {kv:?}"
+        );
+    }
+}
+
 /// `cuCtxCreate` looked up as CUDA 11.4+ runtimes do resolves to `cuCtxCreate_v3` (so the real
 /// 535 libcuda answers, and the fake as it): the hook hands out its own, so such processes are
 /// seen creating contexts (host-pid discovery).

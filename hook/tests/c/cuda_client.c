@@ -8,6 +8,9 @@
  *   threads N MIB              N threads each allocate MIB chunks until refused
  *   kinds                      one allocation of each kind, then all freed
  *   vmm MIB                    cuMemCreate, cuMemMap, cuMemRelease, then cuMemUnmap
+ *   pool MIB keep|release      cuMemAllocAsync + cuMemFreeAsync of MIB from the default pool
+ *                              (release threshold at the most, or 0), a stream sync, then
+ *                              cuMemAlloc of MIB beside it; cuMemPoolTrimTo(0), and again
  *   ctx                        cuCtxCreate looked up at 12080 (the _v3 entry) and called
  *   legacy MIB                 the pre-3.2 cuMemAlloc (32-bit), which the hook must not wrap
  *   launch MS BLOCKS           launch kernels of BLOCKS blocks for MS ms; busy share of the
@@ -49,6 +52,11 @@ struct api {
     CUresult (*meminfo)(size_t *, size_t *);
     CUresult (*devtotal)(size_t *, int);
     CUresult (*launch)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, H, void **, void **);
+    CUresult (*default_pool)(H *, int);
+    CUresult (*pool_set)(H, int, void *);
+    CUresult (*pool_get)(H, int, void *);
+    CUresult (*trim)(H, size_t);
+    CUresult (*sync)(H);
 } api;
 
 typedef CUresult (*gpa_t)(const char *, void **, int, unsigned long long, int *);
@@ -75,6 +83,11 @@ CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuDeviceTotalMem_v2(size_t *, int);
 CUresult cuLaunchKernel(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, H, void **, void **);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+CUresult cuDeviceGetDefaultMemPool(H *, int);
+CUresult cuMemPoolSetAttribute(H, int, void *);
+CUresult cuMemPoolGetAttribute(H, int, void *);
+CUresult cuMemPoolTrimTo(H, size_t);
+CUresult cuStreamSynchronize(H);
 #define R(field, name, linked) api.field = (void *)(linked)
 #else
 static void *get(const char *name) {
@@ -117,6 +130,11 @@ static void load(void) {
     R(meminfo, "cuMemGetInfo", cuMemGetInfo_v2);
     R(devtotal, "cuDeviceTotalMem", cuDeviceTotalMem_v2);
     R(launch, "cuLaunchKernel", cuLaunchKernel);
+    R(default_pool, "cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool);
+    R(pool_set, "cuMemPoolSetAttribute", cuMemPoolSetAttribute);
+    R(pool_get, "cuMemPoolGetAttribute", cuMemPoolGetAttribute);
+    R(trim, "cuMemPoolTrimTo", cuMemPoolTrimTo);
+    R(sync, "cuStreamSynchronize", cuStreamSynchronize);
     H ctx;
     api.init(0);
     api.retain(&ctx, 0);
@@ -170,7 +188,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++) { pthread_join(th[i], NULL); total += a[i].n * a[i].chunk; }
         printf("allocated_mib=%llu\n", total / MIB);
     } else if (!strcmp(cmd, "kinds")) {
-        CUdeviceptr p[6]; size_t pitch; unsigned long long vmm; H arr, arr3;
+        CUdeviceptr p[6]; size_t pitch; unsigned long long vmm; H arr, arr3, pool;
+        api.default_pool(&pool, 0);
         struct { size_t w, h; unsigned fmt, ch; } d2 = {256, 256, 0x20, 4};      /* 1 MiB */
         struct { size_t w, h, d; unsigned fmt, ch, fl; } d3 = {64, 64, 64, 0x01, 4, 0}; /* 1 MiB */
         unsigned long long base = used();
@@ -180,7 +199,7 @@ int main(int argc, char **argv) {
         STEP("pitch", api.pitch(&p[1], &pitch, 1000, 1024, 4))
         STEP("managed", api.managed(&p[2], MIB, 1))
         STEP("async", api.async_(&p[3], MIB, NULL))
-        STEP("pool", api.pool(&p[4], MIB, NULL, NULL))
+        STEP("pool", api.pool(&p[4], MIB, pool, NULL))
         STEP("vmm", api.create(&vmm, MIB, NULL, 0))
         STEP("array", api.array(&arr, &d2))
         STEP("array3d", api.array3d(&arr3, &d3))
@@ -190,6 +209,7 @@ int main(int argc, char **argv) {
         api.release(vmm);
         api.array_destroy(arr);
         api.array_destroy(arr3);
+        api.sync(NULL); /* the pool gives back what it holds above its threshold (0) */
         printf("after_free=%llu\n", used() - base);
     } else if (!strcmp(cmd, "vmm")) {
         /* ggml-cuda's pattern: create, map, release at once; the memory stays until unmapped. */
@@ -202,6 +222,24 @@ int main(int argc, char **argv) {
         printf("release=%d released_used_mib=%llu\n", r, (used() - base) / MIB);
         r = api.unmap(va, n);
         printf("unmap=%d unmapped_used_mib=%llu\n", r, (used() - base) / MIB);
+    } else if (!strcmp(cmd, "pool")) {
+        unsigned long long n = strtoull(argv[2], NULL, 10) * MIB;
+        unsigned long long keep = !strcmp(argv[3], "keep") ? ~0ull : 0, held = 0;
+        H pool;
+        CUdeviceptr a, b;
+        api.default_pool(&pool, 0);
+        api.pool_set(pool, 4, &keep); /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
+        printf("async=%d\n", api.async_(&a, n, NULL));
+        api.free_async(a, NULL);
+        api.sync(NULL);
+        api.pool_get(pool, 5, &held); /* CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT */
+        int r = api.alloc(&b, n);
+        printf("held_mib=%llu beside=%d\n", held / MIB, r);
+        if (r == 0) api.free_(b);
+        api.trim(pool, 0);
+        r = api.alloc(&b, n);
+        if (r == 0) api.free_(b);
+        printf("trimmed_beside=%d used_after_mib=%llu\n", r, used() / MIB);
     } else if (!strcmp(cmd, "ctx")) {
         /* cuCtxCreate as the CUDA 12 runtime looks it up; which library answers it. */
         CUresult (*create)(H *, void *, int, unsigned, int) = NULL;

@@ -115,18 +115,111 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { uint64_t id; CUresult r = tak
 /* The pre-3.2 entry point: 32-bit pointers, another signature (the hook must not wrap it). */
 CUresult cuMemAlloc(unsigned *p, unsigned n) { uint64_t id; CUresult r = take(n, &id); if (r == OK) *p = (unsigned)id; return r; }
 CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) { (void)f; return cuMemAlloc_v2(p, n); }
-CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, H s) { (void)s; return cuMemAlloc_v2(p, n); }
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, H s) { (void)s; return cuMemAlloc_v2(p, n); }
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, H pool, H s) { (void)pool; (void)s; return cuMemAlloc_v2(p, n); }
-CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, H pool, H s) { (void)pool; (void)s; return cuMemAlloc_v2(p, n); }
+
+/* Stream-ordered pools, per process as the driver keeps them: a pool holds (reserves) device
+ * memory; what is freed into it stays held until a synchronisation gives back what is above
+ * the pool's release threshold (default 0), or cuMemPoolTrimTo. Pool 1 is device 0's default
+ * pool; cuMemPoolCreate makes others. */
+#define MAX_POOLS 8
+#define POOL_PTR 0x7e0000000000ull
+static struct { uint64_t reserved, used, threshold; int live; } pools[MAX_POOLS + 1] = {[1] = {0, 0, 0, 1}};
+static uint64_t current_pool = 1;
+static struct { uint64_t id, size, pool; } pool_allocs[MAXA];
+static uint32_t npool_allocs;
+static uint64_t next_pool_ptr = POOL_PTR;
+static int pool_ok(H p) { uint64_t i = (uint64_t)p; return i >= 1 && i <= MAX_POOLS && pools[i].live; }
+static void pool_trim(uint64_t i, uint64_t keep) {
+    uint64_t target = pools[i].used > keep ? pools[i].used : keep;
+    if (pools[i].reserved <= target) return;
+    struct fake_gpu *g = fake_gpu();
+    fake_lock(g);
+    g->memory_used -= pools[i].reserved - target;
+    fake_unlock(g);
+    pools[i].reserved = target;
+}
+static CUresult pool_alloc(CUdeviceptr *p, uint64_t n, uint64_t i) {
+    uint64_t spare = pools[i].reserved - pools[i].used;
+    if (n > spare) {
+        struct fake_gpu *g = fake_gpu();
+        fake_lock(g);
+        if (!g->memory_total) g->memory_total = total();
+        if (g->memory_used + (n - spare) > g->memory_total) { fake_unlock(g); return OOM; }
+        g->memory_used += n - spare;
+        fake_unlock(g);
+        pools[i].reserved += n - spare;
+    }
+    pools[i].used += n;
+    *p = next_pool_ptr;
+    next_pool_ptr += (n + 511) / 512 * 512 + 512;
+    if (npool_allocs < MAXA) { pool_allocs[npool_allocs].id = *p; pool_allocs[npool_allocs].size = n; pool_allocs[npool_allocs].pool = i; npool_allocs++; }
+    return OK;
+}
+static CUresult pool_free(CUdeviceptr p) {
+    for (uint32_t k = 0; k < npool_allocs; k++)
+        if (pool_allocs[k].id == p) {
+            pools[pool_allocs[k].pool].used -= pool_allocs[k].size;
+            pool_allocs[k] = pool_allocs[--npool_allocs];
+            return OK;
+        }
+    return INVALID;
+}
+static void synchronized(void) {
+    for (uint64_t i = 1; i <= MAX_POOLS; i++)
+        if (pools[i].live) pool_trim(i, pools[i].threshold);
+}
+CUresult cuCtxGetDevice(int *dev) { *dev = 0; return OK; }
+CUresult cuDeviceGetDefaultMemPool(H *pool, int dev) { (void)dev; *pool = (H)1; return OK; }
+CUresult cuDeviceGetMemPool(H *pool, int dev) { (void)dev; *pool = (H)current_pool; return OK; }
+CUresult cuDeviceSetMemPool(int dev, H pool) { (void)dev; if (!pool_ok(pool)) return INVALID; current_pool = (uint64_t)pool; return OK; }
+CUresult cuMemPoolCreate(H *pool, const void *props) {
+    (void)props;
+    for (uint64_t i = 2; i <= MAX_POOLS; i++)
+        if (!pools[i].live) { pools[i].live = 1; pools[i].reserved = pools[i].used = pools[i].threshold = 0; *pool = (H)i; return OK; }
+    return OOM;
+}
+CUresult cuMemPoolDestroy(H pool) {
+    if (!pool_ok(pool) || (uint64_t)pool == 1) return INVALID;
+    pool_trim((uint64_t)pool, 0);
+    pools[(uint64_t)pool].live = 0;
+    if (current_pool == (uint64_t)pool) current_pool = 1;
+    return OK;
+}
+CUresult cuMemPoolTrimTo(H pool, size_t keep) { if (!pool_ok(pool)) return INVALID; pool_trim((uint64_t)pool, keep); return OK; }
+/* Attributes as CUmemPool_attribute numbers them: 4 release threshold, 5 reserved now, 7 used now. */
+CUresult cuMemPoolSetAttribute(H pool, int attr, void *v) {
+    if (!pool_ok(pool) || attr != 4) return INVALID;
+    pools[(uint64_t)pool].threshold = *(uint64_t *)v;
+    return OK;
+}
+CUresult cuMemPoolGetAttribute(H pool, int attr, void *v) {
+    if (!pool_ok(pool)) return INVALID;
+    uint64_t i = (uint64_t)pool;
+    switch (attr) {
+    case 4: *(uint64_t *)v = pools[i].threshold; return OK;
+    case 5: *(uint64_t *)v = pools[i].reserved; return OK;
+    case 7: *(uint64_t *)v = pools[i].used; return OK;
+    default: return INVALID;
+    }
+}
+CUresult cuStreamSynchronize(H s) { (void)s; synchronized(); return OK; }
+CUresult cuCtxSynchronize(void) { synchronized(); return OK; }
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, H s) { (void)s; return pool_alloc(p, n, current_pool); }
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, H s) { return cuMemAllocAsync(p, n, s); }
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, H pool, H s) {
+    (void)s;
+    if (!pool_ok(pool)) return INVALID;
+    return pool_alloc(p, n, (uint64_t)pool);
+}
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, H pool, H s) { return cuMemAllocFromPoolAsync(p, n, pool, s); }
 CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned e) {
     (void)e;
     *pitch = (w + 511) / 512 * 512;
     return cuMemAlloc_v2(p, *pitch * h);
 }
-CUresult cuMemFree_v2(CUdeviceptr p) { return give(p); }
-CUresult cuMemFreeAsync(CUdeviceptr p, H s) { (void)s; return give(p); }
-CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, H s) { (void)s; return give(p); }
+/* Stream-ordered memory may be freed either way; it goes back to its pool. */
+CUresult cuMemFree_v2(CUdeviceptr p) { return (p & ~0xffffffffffull) == POOL_PTR ? pool_free(p) : give(p); }
+CUresult cuMemFreeAsync(CUdeviceptr p, H s) { (void)s; return cuMemFree_v2(p); }
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, H s) { (void)s; return cuMemFree_v2(p); }
 /* Virtual memory management as the driver does it: a handle's memory stays while any mapping of
  * it exists, even after cuMemRelease (ggml-cuda releases right after mapping), and goes with the
  * last unmap. Handles and mappings are the process's own. */
@@ -243,6 +336,11 @@ static void *lookup(const char *s, int version, unsigned long long flags) {
     P("cuMemAllocAsync", cuMemAllocAsync, cuMemAllocAsync_ptsz)
     P("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz)
     E("cuMemFree", cuMemFree_v2) P("cuMemFreeAsync", cuMemFreeAsync, cuMemFreeAsync_ptsz)
+    E("cuCtxGetDevice", cuCtxGetDevice) E("cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool)
+    E("cuDeviceGetMemPool", cuDeviceGetMemPool) E("cuDeviceSetMemPool", cuDeviceSetMemPool)
+    E("cuMemPoolCreate", cuMemPoolCreate) E("cuMemPoolDestroy", cuMemPoolDestroy) E("cuMemPoolTrimTo", cuMemPoolTrimTo)
+    E("cuMemPoolSetAttribute", cuMemPoolSetAttribute) E("cuMemPoolGetAttribute", cuMemPoolGetAttribute)
+    P("cuStreamSynchronize", cuStreamSynchronize, cuStreamSynchronize) E("cuCtxSynchronize", cuCtxSynchronize)
     E("cuMemCreate", cuMemCreate) E("cuMemRelease", cuMemRelease)
     E("cuMemMap", cuMemMap) E("cuMemUnmap", cuMemUnmap)
     E("cuArrayCreate", cuArrayCreate_v2) E("cuArray3DCreate", cuArray3DCreate_v2) E("cuArrayDestroy", cuArrayDestroy)
