@@ -14,7 +14,8 @@
 # The bundle holds the release binaries (stripped), containerd 1.7 and 2.x, runc and busybox
 # from the harness's cache. The CUDA probe (tests/gpu/probe.cu) is built here with nvcc and
 # packed into an image with the C libraries it and nvidia-smi need; the driver's libraries come
-# only from Tessera's injection. The table is also written to $OUT/gpu-table.txt when OUT is set.
+# only from Tessera's injection. Where python3 has PyTorch and CuPy, tests/gpu/torch_hook.py
+# then runs them under the hook on the host. The table is also written to $OUT/gpu-table.txt when OUT is set.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 dry=""
@@ -71,5 +72,15 @@ fi
 bash "$repo/tests/runtimes/oci-image.sh" "$root" docker.io/tessera/probe:gpu "$work/probe.tar"
 
 out="${OUT:-$work}/gpu-table.txt"
+rc=0
 "$work/bin/tessera-gpu-e2e" --bin-dir "$work/bin" --probe-image "$work/probe.tar" \
-  ${dry:+--dry-run "$repo/mps/tests/fixtures/fake-mps-control"} --out "$out"
+  ${dry:+--dry-run "$repo/mps/tests/fixtures/fake-mps-control"} --out "$out" || rc=$?
+
+# The hook under a real framework, on the host (tests/gpu/torch_hook.py), where python3 has
+# PyTorch and CuPy.
+if [ -z "$dry" ] && python3 -c 'import torch, cupy' 2>/dev/null; then
+  uuid="$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)"
+  python3 "$repo/tests/gpu/torch_hook.py" --hook "$work/bin/libtessera-cuda-hook.so" --uuid "$uuid" \
+    --out "$out" || rc=$?
+fi
+exit "$rc"
