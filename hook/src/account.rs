@@ -204,6 +204,11 @@ impl Accounting {
         saturating_sub(&self.region().total, bytes);
     }
 
+    /// Bytes this process holds.
+    pub fn own_used(&self) -> u64 {
+        self.slot().used.load(Ordering::Acquire)
+    }
+
     /// Bytes the container holds.
     pub fn used(&self) -> u64 {
         self.region().total.load(Ordering::Acquire)

@@ -259,11 +259,15 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 }
 
 /// Admission before an allocation of `bytes`: `Err(OOM)` past the container's limit. A
-/// refusal is checked once more after the pools' charges are brought up to date (a pool gives
-/// memory back at synchronisations the hook does not see).
+/// refusal is checked once more after the pools' charges and the process's overhead are
+/// brought up to date (a pool gives memory back at synchronisations the hook does not see).
 fn admit(h: Option<&'static Hook>, bytes: u64) -> Result<(), CuResult> {
     match h {
-        Some(h) if !protect(true, || h.admit(bytes) || (pools_gave_back(h) && h.admit(bytes))) => {
+        Some(h)
+            if !protect(true, || {
+                h.admit(bytes) || ((pools_gave_back(h) | h.reconcile()) && h.admit(bytes))
+            }) =>
+        {
             Err(CUDA_ERROR_OUT_OF_MEMORY)
         }
         _ => Ok(()),
@@ -654,7 +658,7 @@ pub unsafe extern "C" fn cuArrayDestroy(array: Handle) -> CuResult {
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
     type F = unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult;
     if let Some(h) = hook() {
-        protect(false, || pools_gave_back(h));
+        protect(false, || pools_gave_back(h) | h.reconcile());
     }
     let r = call!(MEM_GET_INFO, F, free, total);
     if r == CUDA_SUCCESS
@@ -820,7 +824,8 @@ graph_launch!(cuGraphLaunch, GRAPH_LAUNCH);
 graph_launch!(cuGraphLaunch_ptsz, GRAPH_LAUNCH_PTSZ);
 
 /// Creates a context and, for a throttled process that does not know it yet, learns its host
-/// pid from the node agent (per-process utilization is reported by host pid).
+/// pid from the node agent (drivers that sample processes by host pid); then charges the
+/// process the context's own memory.
 fn with_discovery(h: Option<&'static Hook>, make: impl FnOnce() -> CuResult) -> CuResult {
     let r = make();
     if r == CUDA_SUCCESS
@@ -833,6 +838,7 @@ fn with_discovery(h: Option<&'static Hook>, make: impl FnOnce() -> CuResult) -> 
                 h.set_host_pid(pid);
             }
         });
+        protect(false, || h.reconcile());
     }
     r
 }

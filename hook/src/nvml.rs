@@ -1,6 +1,7 @@
 //! What the hook asks NVML (`libnvidia-ml.so.1`, mounted with the driver): per-process SM
 //! utilization (to throttle to the container's share), and the card's when no process is
-//! known. Loaded lazily, off the application's threads where it can be.
+//! known; the device memory a process holds (its context and modules too). Loaded lazily, off
+//! the application's threads where it can be.
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_ulonglong, c_void};
 
@@ -21,6 +22,19 @@ struct Sample {
     dec_util: c_uint,
 }
 
+/// `nvmlProcessInfo_t` (v2/v3 layout).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct ProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+/// NVML's `NVML_VALUE_NOT_AVAILABLE` for a process's memory.
+const NOT_AVAILABLE: c_ulonglong = c_ulonglong::MAX;
+
 /// `nvmlUtilization_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -33,12 +47,14 @@ type InitFn = unsafe extern "C" fn() -> NvmlReturn;
 type ByUuidFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> NvmlReturn;
 type ProcUtilFn = unsafe extern "C" fn(*mut c_void, *mut Sample, *mut c_uint, c_ulonglong) -> NvmlReturn;
 type UtilFn = unsafe extern "C" fn(*mut c_void, *mut Utilization) -> NvmlReturn;
+type ProcessesFn = unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut ProcessInfo) -> NvmlReturn;
 
 /// NVML, loaded and initialised, with the container's card.
 pub struct Nvml {
     device: *mut c_void,
     proc_util: ProcUtilFn,
     util: UtilFn,
+    processes: Option<ProcessesFn>,
     last_seen: c_ulonglong,
 }
 
@@ -77,6 +93,7 @@ impl Nvml {
             device,
             proc_util: sym(h, c"nvmlDeviceGetProcessUtilization")?,
             util: sym(h, c"nvmlDeviceGetUtilizationRates")?,
+            processes: sym(h, c"nvmlDeviceGetComputeRunningProcesses_v3"),
             last_seen: 0,
         })
     }
@@ -120,6 +137,31 @@ impl Nvml {
         Some(total.min(100))
     }
 
+    /// Device memory the compute processes among `pids` hold on the card (their allocations,
+    /// contexts, modules), as the driver counts it; `None` when NVML cannot say.
+    pub fn memory_of(&mut self, pids: &[u32]) -> Option<u64> {
+        let f = self.processes?;
+        let mut buf = vec![ProcessInfo::default(); 64];
+        loop {
+            let mut n = buf.len() as c_uint;
+            // SAFETY: `buf` holds `n` entries.
+            match unsafe { f(self.device, &mut n, buf.as_mut_ptr()) } {
+                NVML_SUCCESS => {
+                    let held = buf[..n as usize]
+                        .iter()
+                        .filter(|p| pids.contains(&p.pid) && p.used_gpu_memory != NOT_AVAILABLE)
+                        .map(|p| p.used_gpu_memory)
+                        .sum();
+                    return Some(held);
+                }
+                NVML_ERROR_INSUFFICIENT_SIZE if (n as usize) > buf.len() && n < 65536 => {
+                    buf = vec![ProcessInfo::default(); n as usize + 8];
+                }
+                _ => return None,
+            }
+        }
+    }
+
     /// The whole card's utilization.
     fn card(&mut self) -> Option<u32> {
         let mut u = Utilization::default();
@@ -135,6 +177,7 @@ mod tests {
     #[test]
     fn layouts_match_nvml_h() {
         assert_eq!(std::mem::size_of::<Sample>(), 32);
+        assert_eq!(std::mem::size_of::<ProcessInfo>(), 24);
         assert_eq!(std::mem::size_of::<Utilization>(), 8);
     }
 }

@@ -39,6 +39,9 @@ pub struct Hook {
     nvml_tried: Once,
     /// Mean blocks of a kernel launch (a graph launch is charged one such launch).
     pub mean_cost: std::sync::atomic::AtomicU64,
+    /// What this process is charged beyond what the hook counted: what the driver says it
+    /// holds more (its context, modules, memory made past the hook).
+    overhead: std::sync::atomic::AtomicU64,
 }
 
 /// VMM handles' mappings: a released handle's memory is the driver's until its last mapping
@@ -130,6 +133,7 @@ impl Hook {
             nvml: Mutex::new(None),
             nvml_tried: Once::new(),
             mean_cost: std::sync::atomic::AtomicU64::new(1024),
+            overhead: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -148,6 +152,7 @@ impl Hook {
         *a = Accounting::open(&self.config.state_dir, limit, pid()).ok();
         self.allocs.lock().unwrap_or_else(|p| p.into_inner()).clear();
         *self.pools.lock().unwrap_or_else(|p| p.into_inner()) = Pools::default();
+        self.overhead.store(0, std::sync::atomic::Ordering::Release);
         a.as_ref().map(f)
     }
 
@@ -317,6 +322,33 @@ impl Hook {
         }
         e.0 = target;
         lower
+    }
+
+    /// Charges this process what the driver (NVML) says it holds beyond what the hook counted:
+    /// its context (about 520 MiB per process on an H100), modules, anything made past the
+    /// hook. Whether the charge went down. Nothing happens where memory is not limited or NVML
+    /// cannot say.
+    pub fn reconcile(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let Some((counted, host_pid)) = self.with_account(|a| (a.own_used(), a.own_host_pid())) else {
+            return false;
+        };
+        // NVML names the process by its pid in the querying namespace (driver 580) or on the
+        // host (older drivers): each process appears under one of them.
+        let pids: Vec<u32> = [pid(), host_pid].into_iter().filter(|p| *p != 0).collect();
+        let Some(held) = self.with_nvml(|n| n.memory_of(&pids)).flatten() else {
+            return false;
+        };
+        let before = self.overhead.load(Ordering::Acquire);
+        let after = held.saturating_sub(counted.saturating_sub(before));
+        if after > before {
+            // Already held on the card: counted, never refused.
+            self.force(after - before);
+        } else if after < before {
+            self.unadmit(before - after);
+        }
+        self.overhead.store(after, Ordering::Release);
+        after < before
     }
 
     /// `(used, limit)` of the container, when memory is limited.

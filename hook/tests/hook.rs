@@ -436,6 +436,30 @@ fn vmm_memory_released_while_mapped_stays_counted_until_unmapped() {
     }
 }
 
+/// A process's context holds device memory of its own (527 MiB for a CUDA 13 context on an
+/// H100): the hook charges the process what the driver (NVML) says it holds beyond what it
+/// counted, so a share's processes together stay within the share on the card, not only in
+/// the hook's books. The fake's contexts hold 500 MiB here.
+#[test]
+fn a_context_s_own_memory_is_charged_to_the_share() {
+    let c = Container::limited(4096, None);
+    for client in ["client_linked", "client_dl"] {
+        let out = c
+            .command(client, &["fill", "4"])
+            .env("FAKE_CTX_MIB", "500")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let allocated: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("allocated_mib="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(allocated, 4096.0 - 500.0, "{client}: {text}");
+    }
+}
+
 /// NVML names a sampled process by its pid in the *querying* process's pid namespace (driver 580
 /// on an H100: a container's process is sampled under its container pid, not the host pid its
 /// node agent answers), and the fake NVML answers so for a client in a pid namespace of its own.

@@ -23,6 +23,8 @@ struct fake_gpu {
     uint64_t busy_total_ns;
     uint64_t busy_until_ns;
     uint64_t launches;
+    /* Device memory each process holds (its allocations, its pools, its context). */
+    uint64_t proc_mem[FAKE_MAX_PROCS];
 };
 
 static inline uint64_t fake_now_ns(void) {
@@ -56,6 +58,9 @@ static inline void fake_unlock(struct fake_gpu *g) {
     __atomic_store_n(&g->lock, 0, __ATOMIC_RELEASE);
 }
 
+/* Adds `delta` to the calling process's memory (the lock held). */
+static inline void fake_own_mem(struct fake_gpu *g, int64_t delta);
+
 /* The slot of `pid` (registered on first use). */
 static inline int fake_proc(struct fake_gpu *g, uint32_t pid) {
     for (uint32_t i = 0; i < g->nprocs; i++)
@@ -63,4 +68,9 @@ static inline int fake_proc(struct fake_gpu *g, uint32_t pid) {
     if (g->nprocs == FAKE_MAX_PROCS) return -1;
     g->pids[g->nprocs] = pid;
     return (int)g->nprocs++;
+}
+
+static inline void fake_own_mem(struct fake_gpu *g, int64_t delta) {
+    int p = fake_proc(g, (uint32_t)getpid());
+    if (p >= 0) g->proc_mem[p] += (uint64_t)delta;
 }

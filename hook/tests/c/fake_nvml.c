@@ -53,7 +53,11 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *dev, unsigned *n, str
     fake_lock(g);
     unsigned have = g->nprocs;
     if (*n < have) { *n = have; fake_unlock(g); return 7; }
-    for (unsigned i = 0; i < have; i++) { memset(&out[i], 0, sizeof out[i]); out[i].pid = g->pids[i]; }
+    for (unsigned i = 0; i < have; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].pid = g->pids[i];
+        out[i].mem = g->proc_mem[i];
+    }
     *n = have;
     fake_unlock(g);
     return 0;
