@@ -4,22 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 
 use tessera_tests::nvidia::{Branch, Userspace};
 
 mod common;
-
-/// Dynamic symbols a library exports (defined ones).
-fn exports(lib: &Path) -> Vec<String> {
-    let out = Command::new("objdump").arg("-T").arg(lib).output().unwrap();
-    assert!(out.status.success(), "objdump -T {}", lib.display());
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.contains("*UND*"))
-        .filter_map(|l| l.split_whitespace().last().map(str::to_string))
-        .collect()
-}
 
 /// The families the table must cover.
 fn in_scope(name: &str) -> bool {
@@ -62,7 +50,7 @@ fn the_coverage_table_matches_the_real_driver_and_the_hook() {
     let u = Userspace::get().unwrap();
     for b in Branch::ALL {
         let lib = u.library_dir(b).join(format!("libcuda.so.{}", u.version(b)));
-        let missing: Vec<String> = exports(&lib)
+        let missing: Vec<String> = common::exports(&lib)
             .into_iter()
             .filter(|n| in_scope(n) && !table.contains_key(n))
             .collect();
@@ -71,7 +59,7 @@ fn the_coverage_table_matches_the_real_driver_and_the_hook() {
             "{b:?}: libcuda exports {missing:?}, not in docs/hook-coverage.md"
         );
     }
-    let hooked = exports(&common::hook_lib());
+    let hooked = common::exports(&common::hook_lib());
     let not_hooked: Vec<&String> = table
         .iter()
         .filter(|(n, counted)| **counted && !hooked.contains(n))

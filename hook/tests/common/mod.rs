@@ -11,7 +11,8 @@ use std::sync::OnceLock;
 /// The built fakes and clients.
 pub struct Built {
     _dir: tempfile::TempDir,
-    /// Where they are: libcuda.so.1, libnvidia-ml.so.1, client_dl, client_linked.
+    /// Where they are: libcuda.so.1, libnvidia-ml.so.1, client_dl, client_linked,
+    /// replay_lookups.
     pub lib_dir: PathBuf,
 }
 
@@ -57,6 +58,7 @@ pub fn built() -> &'static Built {
             &o("libnvidia-ml.so.1"),
             &s("fake_nvml.c"),
         ]);
+        cc(&["-O2", "-o", &o("replay_lookups"), &s("replay_lookups.c"), "-ldl"]);
         cc(&[
             "-O2",
             &inc,
@@ -136,4 +138,15 @@ pub fn pid_socket() -> &'static Path {
             .join(tessera_core::enforcement::HOOK_PID_SOCKET)
             .into_boxed_path(),
     )
+}
+
+/// Dynamic symbols a library exports (defined ones).
+pub fn exports(lib: &Path) -> Vec<String> {
+    let out = Command::new("objdump").arg("-T").arg(lib).output().unwrap();
+    assert!(out.status.success(), "objdump -T {}", lib.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.contains("*UND*"))
+        .filter_map(|l| l.split_whitespace().last().map(str::to_string))
+        .collect()
 }
