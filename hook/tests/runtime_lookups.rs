@@ -1,8 +1,9 @@
-//! The CUDA 11.8 runtime's driver lookups, recorded on a real GPU (an H100 with driver 580:
-//! `tests/fixtures/cudart-11.8-lookups.txt`, 386 `cuGetProcAddress` calls), replayed against
-//! NVIDIA's real libcuda (Debian's 535 and 550, `tests/nvidia/fetch.sh`; answering needs no GPU)
-//! without and with the hook: every answer that is a function the hook wraps comes back as the
-//! hook's, every other answer is the driver's own, untouched.
+//! The CUDA 11.8 and 12.9 runtimes' driver lookups, recorded on a real GPU (an H100 with driver
+//! 580: `tests/fixtures/cudart-*-lookups.txt`, 386 and 420 `cuGetProcAddress` calls), replayed
+//! against NVIDIA's real libcuda (Debian's 535 and 550, `tests/nvidia/fetch.sh`; answering needs
+//! no GPU) without and with the hook: every answer that is a function the hook wraps comes back
+//! as the hook's, every other answer is the driver's own, untouched. The fake libcuda the other
+//! hook tests use answers those lookups as the real one does, where it answers at all.
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
@@ -38,18 +39,21 @@ fn replay(libcuda_dir: &Path, hook: Option<&Path>, lookups: &str) -> Vec<Answer>
         .collect()
 }
 
-#[test]
-fn the_cuda_11_8_runtimes_lookups_land_on_the_wrappers() {
-    let fixture =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cudart-11.8-lookups.txt"))
-            .unwrap();
-    let lookups: String = fixture
+/// A recorded fixture's lookups, one "symbol version flags" line each.
+fn lookups(runtime: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/cudart-{runtime}-lookups.txt"));
+    std::fs::read_to_string(path)
+        .unwrap()
         .lines()
         .filter(|l| !l.starts_with('#'))
         .map(|l| format!("{l}\n"))
-        .collect();
-    let n = lookups.lines().count();
-    assert_eq!(n, 386);
+        .collect()
+}
+
+const RUNTIMES: [(&str, usize); 2] = [("11.8", 386), ("12.9", 420)];
+
+#[test]
+fn the_cuda_runtimes_lookups_land_on_the_wrappers() {
     let hook = common::hook_lib();
     let hook_name = hook.file_name().unwrap().to_string_lossy().into_owned();
     let wrapped: BTreeSet<String> = common::exports(&hook)
@@ -57,40 +61,79 @@ fn the_cuda_11_8_runtimes_lookups_land_on_the_wrappers() {
         .filter(|s| s.starts_with("cu"))
         .collect();
     let u = Userspace::get().unwrap();
-    for b in Branch::ALL {
-        let dir = u.library_dir(b);
-        let plain = replay(&dir, None, &lookups);
-        let hooked = replay(&dir, Some(&hook), &lookups);
-        assert_eq!((plain.len(), hooked.len()), (n, n), "{b:?}");
-        let mut handed = BTreeSet::new();
-        for (p, h) in plain.iter().zip(&hooked) {
-            assert!(p.3 == "libcuda.so.1" || p.3 == "-", "{b:?}: {p:?}");
-            if wrapped.contains(&p.4) {
-                assert_eq!((&h.3, &h.4), (&hook_name, &p.4), "{b:?}: {p:?} not handed the wrapper");
-                handed.insert(format!("{}@{}/{}", p.0, p.1, p.2));
-            } else {
-                assert_eq!(h, p, "{b:?}: an answer the hook does not wrap was changed");
+    for (runtime, n) in RUNTIMES {
+        let lookups = lookups(runtime);
+        assert_eq!(lookups.lines().count(), n, "{runtime}");
+        for b in Branch::ALL {
+            let dir = u.library_dir(b);
+            let plain = replay(&dir, None, &lookups);
+            let hooked = replay(&dir, Some(&hook), &lookups);
+            assert_eq!((plain.len(), hooked.len()), (n, n), "{runtime} {b:?}");
+            let mut handed = BTreeSet::new();
+            for (p, h) in plain.iter().zip(&hooked) {
+                assert!(p.3 == "libcuda.so.1" || p.3 == "-", "{runtime} {b:?}: {p:?}");
+                if wrapped.contains(&p.4) {
+                    assert_eq!(
+                        (&h.3, &h.4),
+                        (&hook_name, &p.4),
+                        "{runtime} {b:?}: {p:?} not handed the wrapper"
+                    );
+                    handed.insert(format!("{}@{}/{}", p.0, p.1, p.2));
+                } else {
+                    assert_eq!(h, p, "{runtime} {b:?}: an answer the hook does not wrap was changed");
+                }
+            }
+            // What the runtime uses to allocate, free, report memory, make contexts and launch.
+            for must in [
+                "cuMemAlloc@3020/0",
+                "cuMemFree@3020/0",
+                "cuMemGetInfo@3020/0",
+                "cuMemAllocAsync@11020/0",
+                "cuMemAllocAsync@11020/2",
+                "cuMemFreeAsync@11020/2",
+                "cuMemAllocFromPoolAsync@11020/0",
+                "cuMemPoolTrimTo@11020/0",
+                "cuDevicePrimaryCtxRetain@7000/0",
+                "cuCtxCreate@3020/0",
+                "cuLaunchKernel@7000/2",
+                "cuLaunchKernelEx@11060/0",
+                "cuGraphLaunch@10000/0",
+                "cuGetProcAddress@11030/0",
+            ] {
+                assert!(
+                    handed.contains(must),
+                    "{runtime} {b:?}: {must} not handed a wrapper: {handed:?}"
+                );
+            }
+            eprintln!(
+                "cudart {runtime} on {b:?}: {} distinct lookups of {n} handed the hook's wrappers",
+                handed.len()
+            );
+        }
+    }
+}
+
+/// The fake libcuda (tests/c/fake_cuda.c) against the real 535 one: every recorded lookup the
+/// fake answers, it answers with the function the real driver gives (the versioned variant).
+#[test]
+fn the_fake_driver_answers_lookups_as_the_real_one() {
+    let real_dir = Userspace::get().unwrap().library_dir(Branch::R535);
+    let fake_dir = &common::built().lib_dir;
+    let mut compared = 0;
+    for (runtime, _) in RUNTIMES {
+        let lookups = lookups(runtime);
+        let real = replay(&real_dir, None, &lookups);
+        let fake = replay(fake_dir, None, &lookups);
+        for (r, f) in real.iter().zip(&fake) {
+            if f.4 != "-" {
+                assert_eq!(
+                    f.4, r.4,
+                    "{runtime}: the fake answers {}@{}/{} unlike the real driver",
+                    f.0, f.1, f.2
+                );
+                compared += 1;
             }
         }
-        // What the runtime uses to allocate, free, report memory, make contexts and launch.
-        for must in [
-            "cuMemAlloc@3020/0",
-            "cuMemFree@3020/0",
-            "cuMemGetInfo@3020/0",
-            "cuMemAllocAsync@11020/0",
-            "cuMemAllocAsync@11020/2",
-            "cuMemFreeAsync@11020/2",
-            "cuMemAllocFromPoolAsync@11020/0",
-            "cuMemPoolTrimTo@11020/0",
-            "cuDevicePrimaryCtxRetain@7000/0",
-            "cuCtxCreate@3020/0",
-            "cuLaunchKernel@7000/2",
-            "cuLaunchKernelEx@11060/0",
-            "cuGraphLaunch@10000/0",
-            "cuGetProcAddress@11030/0",
-        ] {
-            assert!(handed.contains(must), "{b:?}: {must} not handed a wrapper: {handed:?}");
-        }
-        eprintln!("{b:?}: {} of {n} lookups handed the hook's wrappers", handed.len());
     }
+    assert!(compared >= 60, "only {compared} lookups compared");
 }

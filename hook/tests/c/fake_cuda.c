@@ -213,6 +213,7 @@ CUresult cuMemPoolGetAttribute(H pool, int attr, void *v) {
     }
 }
 CUresult cuStreamSynchronize(H s) { (void)s; synchronized(); return OK; }
+CUresult cuStreamSynchronize_ptsz(H s) { return cuStreamSynchronize(s); }
 CUresult cuCtxSynchronize(void) { synchronized(); return OK; }
 CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, H s) { (void)s; return pool_alloc(p, n, current_pool); }
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, H s) { return cuMemAllocAsync(p, n, s); }
@@ -351,7 +352,7 @@ static void *lookup(const char *s, int version, unsigned long long flags) {
     E("cuDeviceGetMemPool", cuDeviceGetMemPool) E("cuDeviceSetMemPool", cuDeviceSetMemPool)
     E("cuMemPoolCreate", cuMemPoolCreate) E("cuMemPoolDestroy", cuMemPoolDestroy) E("cuMemPoolTrimTo", cuMemPoolTrimTo)
     E("cuMemPoolSetAttribute", cuMemPoolSetAttribute) E("cuMemPoolGetAttribute", cuMemPoolGetAttribute)
-    P("cuStreamSynchronize", cuStreamSynchronize, cuStreamSynchronize) E("cuCtxSynchronize", cuCtxSynchronize)
+    P("cuStreamSynchronize", cuStreamSynchronize, cuStreamSynchronize_ptsz) E("cuCtxSynchronize", cuCtxSynchronize)
     E("cuMemCreate", cuMemCreate) E("cuMemRelease", cuMemRelease)
     E("cuMemMap", cuMemMap) E("cuMemUnmap", cuMemUnmap)
     E("cuArrayCreate", cuArrayCreate_v2) E("cuArray3DCreate", cuArray3DCreate_v2) E("cuArrayDestroy", cuArrayDestroy)
@@ -359,7 +360,7 @@ static void *lookup(const char *s, int version, unsigned long long flags) {
     P("cuLaunchKernel", cuLaunchKernel, cuLaunchKernel_ptsz) P("cuLaunchKernelEx", cuLaunchKernelEx, cuLaunchKernelEx_ptsz)
     P("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz)
     P("cuGraphLaunch", cuGraphLaunch, cuGraphLaunch_ptsz)
-    if (!strcmp(s, "cuGetProcAddress")) return version >= 12050 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+    if (!strcmp(s, "cuGetProcAddress")) return version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
     return NULL;
 }
 CUresult cuGetProcAddress(const char *sym, void **pfn, int version, unsigned long long flags) {

@@ -8,8 +8,8 @@
  * With LOOKUP_SPY_NEXT naming the hook library and both preloaded (the spy first), the answers
  * are the hook's. It wraps the runtime's dlsym lookups of cuGetProcAddress(_v2) and every
  * cuGetProcAddress the driver hands back. Not built by the tests: it made
- * tests/fixtures/cudart-11.8-lookups.txt (with the CUDA 12.9 runtime it crashes, not
- * investigated). */
+ * tests/fixtures/cudart-*-lookups.txt (a cuGetProcAddress asked for at 12000 or later is
+ * cuGetProcAddress_v2, as the real driver answers). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -33,7 +33,7 @@ static int gpa2(const char *s, void **p, int v, unsigned long long f, int *st);
 /* A cuGetProcAddress handed back is wrapped too (the runtime looks it up through itself). */
 static void follow(const char *s, void **p, int v) {
     if (strcmp(s, "cuGetProcAddress")) return;
-    if (v >= 12050) { next2 = (gpa2_t)*p; *p = (void *)gpa2; }
+    if (v >= 12000) { next2 = (gpa2_t)*p; *p = (void *)gpa2; }
     else { next1 = (gpa_t)*p; *p = (void *)gpa1; }
 }
 
