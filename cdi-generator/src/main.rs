@@ -148,9 +148,10 @@ enum Command {
         source: SourceArgs,
         #[command(flatten)]
         enforcement: EnforcementArgs,
-        /// `-` for standard output, or a directory to write tessera.io-gpu.json into.
-        #[arg(long, default_value = "-")]
-        output: String,
+        /// `-` for standard output, or a directory (made if missing) to write
+        /// tessera.io-gpu.json into.
+        #[arg(long, alias = "output", default_value = "-")]
+        out_dir: String,
     },
     /// Show where the driver is and every file a GPU container would get, with how each was
     /// found (needs no GPU). Exits 1 when GPU containers could not run CUDA with them.
@@ -210,7 +211,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Generate {
             source,
             enforcement,
-            output,
+            out_dir: output,
         } => {
             quiet_on_closed_stdout();
             let inventory = source.source().discover().context("reading the GPU inventory")?;

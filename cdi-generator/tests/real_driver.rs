@@ -126,7 +126,7 @@ fn a_fixture_with_a_real_driver_root_gets_the_real_files_and_a_spec_the_runtimes
                     "h100x8",
                     "--share-enforcement",
                     "none",
-                    "--output",
+                    "--out-dir",
                     out.path().to_str().unwrap(),
                     "--host-root",
                     host.to_str().unwrap(),
@@ -195,7 +195,7 @@ fn mps_directories_not_made_yet_do_not_hold_the_spec_back() {
         "--mps-root",
         mps.to_str().unwrap(),
         "--no-driver-bundle",
-        "--output",
+        "--out-dir",
         out.path().to_str().unwrap(),
         "--host-root",
         host.to_str().unwrap(),
@@ -221,7 +221,7 @@ fn a_spec_naming_files_that_do_not_exist_is_refused_when_written_and_flagged_whe
         "--share-enforcement",
         "none",
         "--no-driver-bundle",
-        "--output",
+        "--out-dir",
         out.path().to_str().unwrap(),
     ]);
     assert_ne!(code, 0, "{err}");

@@ -76,8 +76,8 @@ pub struct ServeArgs {
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
     /// Lease duration, seconds.
-    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
-    lease_duration_s: u64,
+    #[arg(long, alias = "lease-duration-s", default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
+    lease_duration_secs: u64,
     /// Do not serve ElasticGPU claims (for clusters without Tessera's CRDs); implies
     /// --no-webhook.
     #[arg(long)]
@@ -135,7 +135,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let mut l = LeaseConfig::new(&args.lease_namespace, &args.lease_name, &identity);
         // In a pod (POD_NAME given), label it with its role for the Service.
         l.label_pod = args.identity.is_some();
-        l.lease_duration = Duration::from_secs(args.lease_duration_s.max(3));
+        l.lease_duration = Duration::from_secs(args.lease_duration_secs.max(3));
         l.renew_deadline = l.lease_duration * 2 / 3;
         l.retry_period = l.lease_duration / 7;
         l

@@ -17,7 +17,7 @@ fn serve_refuses_nonsense_naming_the_flag() {
             out.stdout.len(),
         )
     };
-    for flag in ["--memory-unit-mib", "--lease-duration-s"] {
+    for flag in ["--memory-unit-mib", "--lease-duration-secs"] {
         let (code, stderr, _) = run(&["serve", flag, "0"]);
         assert_eq!(code, Some(2), "{flag}: {stderr}");
         assert!(stderr.contains(flag) && stderr.contains("'0'"), "{flag}: {stderr}");

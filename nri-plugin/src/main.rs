@@ -37,7 +37,9 @@ struct RunArgs {
     #[arg(long = "cdi-dir", default_values = ["/etc/cdi", "/var/run/cdi"])]
     cdi_dirs: Vec<PathBuf>,
     /// How this node holds shares to their limits: `mps` (Tessera's MPS daemons; a share
-    /// whose daemon is down is refused) or `none` (shares run unenforced, annotated so).
+    /// whose daemon is down is refused), `hook` (Tessera's CUDA hook in the share's processes,
+    /// with this plugin writing each container's limits) or `none` (shares run unenforced,
+    /// annotated so).
     #[arg(long, env = "TESSERA_SHARE_ENFORCEMENT", default_value = "mps")]
     share_enforcement: ShareEnforcement,
     /// Where the MPS supervisor keeps each card's daemon directories and state.
@@ -89,7 +91,7 @@ struct CheckArgs {
     /// Host directory holding `dev/`.
     #[arg(long, default_value = "/")]
     dev_root: PathBuf,
-    /// How this node holds shares to their limits (as `run` is told).
+    /// How this node holds shares to their limits, as `run` is told: `mps`, `hook` or `none`.
     #[arg(long, env = "TESSERA_SHARE_ENFORCEMENT", default_value = "mps")]
     share_enforcement: ShareEnforcement,
     /// Where the MPS supervisor keeps each card's daemon state.

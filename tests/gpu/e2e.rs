@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use tessera_core::enforcement::MpsLayout;
 use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
 use tessera_core::inventory::{InventorySource, NodeInventory};
@@ -29,11 +29,23 @@ use tessera_tests::fake_node::{FakeNodePaths, fake_node};
 const NODE: &str = "gpu-node";
 const PROBE_IMAGE: &str = "docker.io/tessera/probe:gpu";
 
+/// Tessera's node stack on a real GPU (or, with --dry-run, on a fixture node), case by case on
+/// containerd 1.7 and 2.x, printed as a table. Run by tests/gpu/run.sh.
+#[derive(clap::Parser)]
+#[command(name = "tessera-gpu-e2e", version)]
 struct Args {
+    /// Directory holding the release binaries (tessera-nri-plugin, tessera-cdi-generator,
+    /// tessera-mps-supervisor, libtessera-cuda-hook.so).
+    #[arg(long)]
     bin_dir: PathBuf,
+    /// The CUDA probe's OCI image (a tarball).
+    #[arg(long)]
     probe_image: PathBuf,
-    /// `--dry-run`: a fake MPS control program stands in for the driver's.
+    /// No GPU: a fake MPS control program (this file) stands in for the driver's.
+    #[arg(long = "dry-run", value_name = "FAKE_MPS_CONTROL")]
     fake_mps_control: Option<PathBuf>,
+    /// Also write the table to this file.
+    #[arg(long)]
     out: Option<PathBuf>,
 }
 
@@ -44,24 +56,7 @@ impl Args {
 }
 
 fn args() -> anyhow::Result<Args> {
-    let mut a = Args {
-        bin_dir: PathBuf::new(),
-        probe_image: PathBuf::new(),
-        fake_mps_control: None,
-        out: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(k) = it.next() {
-        match k.as_str() {
-            "--bin-dir" => a.bin_dir = it.next().context("--bin-dir DIR")?.into(),
-            "--probe-image" => a.probe_image = it.next().context("--probe-image TAR")?.into(),
-            "--out" => a.out = Some(it.next().context("--out FILE")?.into()),
-            "--dry-run" => a.fake_mps_control = Some(it.next().context("--dry-run FAKE_MPS_CONTROL")?.into()),
-            other => bail!(
-                "unknown argument {other:?}; usage: --bin-dir DIR --probe-image TAR [--dry-run FAKE_MPS_CONTROL] [--out FILE]"
-            ),
-        }
-    }
+    let a = <Args as clap::Parser>::parse();
     for b in ["tessera-nri-plugin", "tessera-cdi-generator", "tessera-mps-supervisor"] {
         anyhow::ensure!(a.bin_dir.join(b).exists(), "--bin-dir must hold {b}");
     }
@@ -436,14 +431,14 @@ fn generate_spec(
             .arg(&paths.dev_root)
             .arg("--mps-root")
             .arg(&mps.root)
-            .arg("--output")
+            .arg("--out-dir")
             .arg(c.cdi_dir())
             .output()?;
         (out, inv)
     } else {
         let out = Command::new(&generator)
             .arg("generate")
-            .arg("--output")
+            .arg("--out-dir")
             .arg(c.cdi_dir())
             .output()?;
         (
@@ -888,7 +883,7 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
             .arg("--dev-root")
             .arg(&paths.dev_root);
     }
-    let out = cmd.arg("--output").arg(s.c.cdi_dir()).output()?;
+    let out = cmd.arg("--out-dir").arg(s.c.cdi_dir()).output()?;
     anyhow::ensure!(
         out.status.success(),
         "hook-mode spec: {}",
