@@ -106,3 +106,61 @@ fn simulate_off_a_terminal_says_how_far_it_is() {
         "{err}"
     );
 }
+
+/// `scripts/fetch-trace.sh` (the README's way to the public trace) writes a copy whose every file
+/// is the published one, and the simulator runs on it from inside the repository; a copy that
+/// differs is refused, naming the file, and nothing of it is kept. The source here is the copy
+/// beside the checkout (`../shared/traces`), as a mirror would serve it.
+#[test]
+fn the_fetched_trace_is_the_published_one_and_the_simulator_reads_it() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let shared = repo.join("../shared/traces/alibaba-gpu-v2023");
+    assert!(shared.is_dir(), "{} is missing", shared.display());
+    let fetch = |source: &std::path::Path, dir: &std::path::Path| {
+        Command::new("bash")
+            .arg(repo.join("scripts/fetch-trace.sh"))
+            .arg(dir)
+            .env("TESSERA_TRACE_URL", format!("file://{}", source.display()))
+            .output()
+            .unwrap()
+    };
+    let work = tempfile::tempdir().unwrap();
+    let trace = work.path().join("trace");
+    let out = fetch(&shared, &trace);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), trace.display().to_string());
+    let run = Command::new(env!("CARGO_BIN_EXE_tessera-simulator"))
+        .arg("--trace")
+        .arg(&trace)
+        .args(["--seeds", "42", "--policies", "fgd", "--out-dir"])
+        .arg(work.path().join("chart"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{stdout}{}", String::from_utf8_lossy(&run.stderr));
+    assert!(stdout.contains("6212 GPUs") || stdout.contains("6,212"), "{stdout}");
+
+    // A mirror serving a changed pod list.
+    let mirror = work.path().join("mirror");
+    std::fs::create_dir(&mirror).unwrap();
+    for f in std::fs::read_dir(&shared).unwrap() {
+        let f = f.unwrap().path();
+        if f.extension().is_some_and(|e| e == "csv") {
+            std::fs::copy(&f, mirror.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    let pods = mirror.join("openb_pod_list_default.csv");
+    let mut text = std::fs::read_to_string(&pods).unwrap();
+    text.push_str("openb-pod-9999,1000,1024,1,500,,LS,Running,0,1,0\n");
+    std::fs::write(&pods, text).unwrap();
+    let other = work.path().join("other");
+    let out = fetch(&mirror, &other);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("openb_pod_list_default.csv is not the published trace"),
+        "{stderr}"
+    );
+    assert!(!other.join("openb_pod_list_default.csv").exists());
+    assert!(!other.join("openb_pod_list_default.csv.part").exists());
+}
