@@ -11,6 +11,9 @@ use k8s_openapi::api::core::v1::{
     SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Toleration, Volume,
     VolumeMount,
 };
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
+};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -230,6 +233,45 @@ fn restricted() -> SecurityContext {
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+/// Who may reach the extender's pods: its verbs (filter, prioritize, bind) only from the
+/// `tessera` scheduler's pods; its admission webhook from anywhere (the API server calls it
+/// from outside the pod network). Held where the cluster's network plugin enforces
+/// NetworkPolicy; the verbs also require the scheduler's client certificate.
+pub fn extender_network_policy(opts: &ManifestOptions) -> NetworkPolicy {
+    let tcp = |port: i32| NetworkPolicyPort {
+        port: Some(IntOrString::Int(port)),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    NetworkPolicy {
+        metadata: meta(EXTENDER, Some(&opts.namespace)),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(selector(EXTENDER)),
+                ..Default::default()
+            }),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    from: Some(vec![NetworkPolicyPeer {
+                        pod_selector: Some(LabelSelector {
+                            match_labels: Some(selector(SCHEDULER)),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }]),
+                    ports: Some(vec![tcp(EXTENDER_PORT)]),
+                },
+                NetworkPolicyIngressRule {
+                    from: None,
+                    ports: Some(vec![tcp(claims::WEBHOOK_PORT)]),
+                },
+            ]),
+            ..Default::default()
+        }),
     }
 }
 
@@ -474,6 +516,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
         ..Default::default()
     });
     push(&claims::webhook_service(opts));
+    push(&extender_network_policy(opts));
     push(&PodDisruptionBudget {
         metadata: meta(EXTENDER, Some(ns)),
         spec: Some(PodDisruptionBudgetSpec {

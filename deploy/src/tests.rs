@@ -266,3 +266,56 @@ fn every_container_runs_a_shipped_binary_and_dra_is_only_there_when_asked() {
     assert!(!kinds(&plain).iter().any(|k| k == "DeviceClass"));
     assert!(!render(&ManifestOptions::default()).contains("dra"));
 }
+
+/// The extender's verbs are reachable only from the `tessera` scheduler's pods, its webhook from
+/// anywhere: the policy selects exactly the extender's pods, names the ports its container
+/// serves, and lets in on the verbs' port only pods the scheduler's Deployment makes.
+#[test]
+fn only_the_scheduler_reaches_the_extenders_verbs() {
+    let objs = objects(&ManifestOptions::default());
+    let find = |kind: &str, name: &str| {
+        objs.iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+            .clone()
+    };
+    let matches = |selector: &serde_json::Value, labels: &serde_json::Value| {
+        selector["matchLabels"]
+            .as_object()
+            .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| labels[k] == *v))
+    };
+    let policy = find("NetworkPolicy", EXTENDER);
+    let spec = &policy["spec"];
+    let extender_pods = &find("Deployment", EXTENDER)["spec"]["template"]["metadata"]["labels"];
+    let scheduler_pods = &find("Deployment", SCHEDULER)["spec"]["template"]["metadata"]["labels"];
+    assert!(matches(&spec["podSelector"], extender_pods), "{policy}");
+    assert!(!matches(&spec["podSelector"], scheduler_pods), "{policy}");
+    assert_eq!(spec["policyTypes"], serde_json::json!(["Ingress"]));
+    let ports: Vec<i64> = find("Deployment", EXTENDER)["spec"]["template"]["spec"]["containers"][0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["containerPort"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ports, [i64::from(EXTENDER_PORT), i64::from(claims::WEBHOOK_PORT)]);
+    let rules = spec["ingress"].as_array().unwrap();
+    assert_eq!(rules.len(), 2, "{policy}");
+    let port_of = |r: &serde_json::Value| r["ports"][0]["port"].as_i64().unwrap();
+    let verbs = rules.iter().find(|r| port_of(r) == i64::from(EXTENDER_PORT)).unwrap();
+    let peers = verbs["from"].as_array().unwrap();
+    assert_eq!(peers.len(), 1, "{verbs}");
+    assert!(matches(&peers[0]["podSelector"], scheduler_pods), "{verbs}");
+    assert!(!matches(&peers[0]["podSelector"], extender_pods), "{verbs}");
+    assert!(
+        peers[0].get("namespaceSelector").is_none(),
+        "only this namespace's scheduler: {verbs}"
+    );
+    let webhook = rules
+        .iter()
+        .find(|r| port_of(r) == i64::from(claims::WEBHOOK_PORT))
+        .unwrap();
+    assert!(
+        webhook.get("from").is_none(),
+        "the API server calls from outside the pod network: {webhook}"
+    );
+}
