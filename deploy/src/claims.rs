@@ -53,12 +53,13 @@ pub fn extender_rules() -> Vec<PolicyRule> {
     ]
 }
 
-/// The extender's rights in its namespace: the webhook certificate's Secret.
+/// The extender's rights in its namespace: the certificates' Secrets, read and followed by
+/// name (list and watch by name need a `metadata.name` field selector, which it sends).
 pub fn extender_namespace_rules() -> Vec<PolicyRule> {
     vec![
         PolicyRule {
             resource_names: Some(vec![WEBHOOK_SECRET.into(), super::EXTENDER_TLS_SECRET.into()]),
-            ..rule(&[""], &["secrets"], &["get"])
+            ..rule(&[""], &["secrets"], &["get", "list", "watch"])
         },
         // Create cannot be limited by name (the object does not exist yet).
         rule(&[""], &["secrets"], &["create"]),

@@ -81,7 +81,7 @@ fn rbac_is_least_privilege() {
             if res.contains(&"secrets") {
                 assert_eq!((o["kind"].as_str(), res.len()), (Some("Role"), 1), "{o}");
                 let named = r["resourceNames"] == serde_json::json!([claims::WEBHOOK_SECRET, EXTENDER_TLS_SECRET]);
-                assert!(verbs == ["get"] && named || verbs == ["create"], "{r}");
+                assert!(verbs == ["get", "list", "watch"] && named || verbs == ["create"], "{r}");
             }
             // The only deletions: ElasticGPUs of a Delete class whose pod is gone.
             if verbs.contains(&"delete") {

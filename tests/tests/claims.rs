@@ -436,3 +436,118 @@ async fn invalid_claims_are_refused_at_admission_with_the_reason() -> anyhow::Re
         .map_err(anyhow::Error::msg)?;
     Ok(())
 }
+
+/// Whether `addr` serves a certificate for `localhost` that `ca_pem` signed (a TLS handshake).
+async fn serves_cert_of(addr: std::net::SocketAddr, ca_pem: &[u8]) -> bool {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem).flatten() {
+        if roots.add(c).is_err() {
+            return false;
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let Ok(builder) = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions()
+    else {
+        return false;
+    };
+    let config = builder.with_root_certificates(roots).with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let Ok(tcp) = tokio::net::TcpStream::connect(addr).await else {
+        return false;
+    };
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    connector.connect(name, tcp).await.is_ok()
+}
+
+/// The webhook's Secret is the source of truth for every replica: deleted, it is made again by
+/// one replica, every replica then serves the new certificate without a restart, and the
+/// configuration's `caBundle` settles on the new CA instead of replicas writing their own in
+/// turn (before, each kept the CA it started with and they overwrote each other until restarted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_follow_the_webhook_secret_and_agree_on_the_ca() -> anyhow::Result<()> {
+    use base64::Engine as _;
+    let api = FakeApiServer::start().await?;
+    let a = start(&api).await?;
+    let b = start_replica(
+        &api,
+        ReplicaOptions {
+            webhook: Some(webhook()),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let ca_of_secret = |api: &FakeApiServer| -> Option<Vec<u8>> {
+        let s = api.object("Secret", "tessera-system", "tessera-webhook-tls")?;
+        base64::engine::general_purpose::STANDARD
+            .decode(s["data"]["ca.crt"].as_str()?)
+            .ok()
+    };
+    let bundle = |api: &FakeApiServer| -> Option<Vec<u8>> {
+        let c = api.object("MutatingWebhookConfiguration", "", "tessera-extender")?;
+        base64::engine::general_purpose::STANDARD
+            .decode(c["webhooks"][0]["clientConfig"]["caBundle"].as_str()?)
+            .ok()
+    };
+    let old = ca_of_secret(&api).expect("the Secret");
+    let (addr_a, addr_b) = (
+        a.running.webhook_addr.expect("webhook"),
+        b.running.webhook_addr.expect("webhook"),
+    );
+    assert!(serves_cert_of(addr_a, &old).await && serves_cert_of(addr_b, &old).await);
+
+    assert!(api.delete_object("Secret", "tessera-system", "tessera-webhook-tls"));
+    eventually(10, "a new Secret", || ca_of_secret(&api).is_some_and(|ca| ca != old)).await?;
+    let new = ca_of_secret(&api).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !(serves_cert_of(addr_a, &new).await && serves_cert_of(addr_b, &new).await) {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the replicas still serve the old certificate"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eventually(10, "the caBundle on the new CA", || {
+        bundle(&api).as_deref() == Some(new.as_slice())
+    })
+    .await?;
+    // It stays there: no replica writes another CA.
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(bundle(&api).as_deref(), Some(new.as_slice()), "the caBundle moved");
+        assert_eq!(
+            ca_of_secret(&api).as_deref(),
+            Some(new.as_slice()),
+            "the Secret was made again"
+        );
+    }
+
+    // An operator's own certificate put in the Secret (a rotation by hand, cert-manager): both
+    // replicas serve it, and the caBundle follows.
+    let mine = tessera_claims::admission::certs::generate(vec!["localhost".into()])?;
+    let b64 = |v: &[u8]| base64::engine::general_purpose::STANDARD.encode(v);
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(api.client()?, "tessera-system");
+    secrets
+        .patch(
+            "tessera-webhook-tls",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"data": {
+                "tls.crt": b64(&mine.cert), "tls.key": b64(&mine.key), "ca.crt": b64(&mine.ca)
+            }})),
+        )
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !(serves_cert_of(addr_a, &mine.ca).await && serves_cert_of(addr_b, &mine.ca).await) {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the replicas do not serve the operator's certificate"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eventually(10, "the caBundle on the operator's CA", || {
+        bundle(&api).as_deref() == Some(mine.ca.as_slice())
+    })
+    .await?;
+    Ok(())
+}

@@ -1,8 +1,9 @@
 //! The webhook's serving certificate, kept by the extender itself: a CA and a certificate for the
 //! webhook Service's DNS names, stored in a `kubernetes.io/tls` Secret (with `ca.crt`) that every
 //! replica shares, and the CA written into the MutatingWebhookConfiguration's `caBundle`, again
-//! whenever the configuration is applied without it. Deleting the Secret and restarting the
-//! extender rotates both.
+//! whenever the configuration is applied without it. The Secret is the source of truth: every
+//! replica follows it ([`follow_secret`]) and serves, and keeps in the `caBundle`, what it holds
+//! now; deleting it rotates both, with no restart and no replica writing another CA.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -187,6 +188,80 @@ pub async fn ensure_secret(client: &Client, cfg: &SelfManaged) -> anyhow::Result
     Ok(ServingCert::from_files(&mut files))
 }
 
+/// Follows the webhook's Secret: `current` gets what it holds whenever that changes; when the
+/// Secret goes (or is incomplete), a new one is made, and the first replica's wins for all.
+/// Runs until `current` has no receiver.
+pub async fn follow_secret(client: Client, cfg: SelfManaged, current: tokio::sync::watch::Sender<ServingCert>) {
+    let api: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
+    let events = watcher::watcher(
+        api,
+        watcher::Config::default().fields(&format!("metadata.name={}", cfg.secret)),
+    )
+    .default_backoff();
+    let mut events = std::pin::pin!(events);
+    let mut seen = false;
+    let complete = |s: &Secret| -> Option<ServingCert> {
+        let d = s.data.as_ref()?;
+        let get = |k: &str| d.get(k).map(|b| b.0.clone()).filter(|b| !b.is_empty());
+        Some(ServingCert {
+            cert: get("tls.crt")?,
+            key: get("tls.key")?,
+            ca: get("ca.crt")?,
+        })
+    };
+    loop {
+        let gone = tokio::select! {
+            ev = events.next() => match ev {
+                Some(Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s))) => {
+                    seen = true;
+                    match complete(&s) {
+                        Some(c) => {
+                            current.send_if_modified(|old| {
+                                let changed = *old != c;
+                                if changed {
+                                    info!(secret = cfg.secret, "serving the webhook certificate the Secret holds now");
+                                    *old = c;
+                                }
+                                changed
+                            });
+                            false
+                        }
+                        None => true,
+                    }
+                }
+                Some(Ok(watcher::Event::Delete(_))) => true,
+                Some(Ok(watcher::Event::Init)) => {
+                    seen = false;
+                    false
+                }
+                Some(Ok(watcher::Event::InitDone)) => !seen,
+                Some(Err(e)) => {
+                    warn!(secret = cfg.secret, error = %e, "watching the webhook certificate's Secret");
+                    false
+                }
+                None => return,
+            },
+            _ = current.closed() => return,
+        };
+        if gone {
+            // Made again; another replica may win the creation, and then everyone reads its.
+            match ensure_secret(&client, &cfg).await {
+                Ok(c) => {
+                    current.send_if_modified(|old| {
+                        let changed = *old != c;
+                        *old = c;
+                        changed
+                    });
+                }
+                Err(e) => {
+                    warn!(secret = cfg.secret, error = %e, "cannot make the webhook certificate's Secret; trying again");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+        }
+    }
+}
+
 /// Sets every webhook's `caBundle` in the configuration to `ca`; true when it changed (false
 /// too when the configuration does not exist yet).
 pub async fn write_ca_bundle(client: &Client, name: &str, ca: &[u8]) -> anyhow::Result<bool> {
@@ -220,40 +295,53 @@ pub async fn write_ca_bundle(client: &Client, name: &str, ca: &[u8]) -> anyhow::
     anyhow::bail!("MutatingWebhookConfiguration {name} kept changing while its caBundle was written")
 }
 
-/// Keeps the configuration's `caBundle` at `ca`: written now, and again whenever the
-/// configuration is created or applied without it, until the task is dropped.
-pub async fn keep_ca_bundle(client: Client, name: String, ca: Vec<u8>) {
+/// Keeps the configuration's `caBundle` at the CA of `cert` as it is now: written at once, when
+/// the certificate changes, and whenever the configuration is created or applied without it,
+/// until the task is dropped.
+pub async fn keep_ca_bundle(client: Client, name: String, mut cert: tokio::sync::watch::Receiver<ServingCert>) {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let events = watcher::watcher(api, watcher::Config::default().fields(&format!("metadata.name={name}")))
         .default_backoff()
         .applied_objects();
     let mut events = std::pin::pin!(events);
-    while let Some(ev) = events.next().await {
-        match ev {
-            Ok(cfg) if cfg.metadata.name.as_deref() == Some(name.as_str()) => {
-                let current = cfg
+    let mut ca = cert.borrow_and_update().ca.clone();
+    loop {
+        let stale = tokio::select! {
+            ev = events.next() => match ev {
+                Some(Ok(cfg)) if cfg.metadata.name.as_deref() == Some(name.as_str()) => !cfg
                     .webhooks
                     .iter()
                     .flatten()
-                    .all(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice()) == Some(ca.as_slice()));
-                if current {
+                    .all(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice()) == Some(ca.as_slice())),
+                Some(Ok(_)) => false,
+                Some(Err(e)) => {
+                    warn!(configuration = name, error = %e, "watching the webhook configuration");
+                    false
+                }
+                None => return,
+            },
+            changed = cert.changed() => match changed {
+                Ok(()) => {
+                    ca = cert.borrow_and_update().ca.clone();
+                    true
+                }
+                Err(_) => return,
+            },
+        };
+        if !stale {
+            continue;
+        }
+        loop {
+            match write_ca_bundle(&client, &name, &ca).await {
+                Ok(true) => info!(configuration = name, "wrote the webhook's caBundle"),
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(configuration = name, error = %e, "cannot write the webhook's caBundle; trying again");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
                     continue;
                 }
-                loop {
-                    match write_ca_bundle(&client, &name, &ca).await {
-                        Ok(true) => info!(configuration = name, "wrote the webhook's caBundle"),
-                        Ok(false) => {}
-                        Err(e) => {
-                            warn!(configuration = name, error = %e, "cannot write the webhook's caBundle; trying again");
-                            tokio::time::sleep(Duration::from_secs(2)).await;
-                            continue;
-                        }
-                    }
-                    break;
-                }
             }
-            Ok(_) => {}
-            Err(e) => warn!(configuration = name, error = %e, "watching the webhook configuration"),
+            break;
         }
     }
 }

@@ -215,23 +215,43 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
         };
         tasks.push(tokio::spawn(reconciler.run(triggered, trigger, leading_rx.clone())));
         if let Some(w) = &cfg.webhook {
-            let cert = match &w.tls {
+            let acceptor = match &w.tls {
                 WebhookTls::Files(cert, key) => {
                     let read =
                         |p: &PathBuf| std::fs::read(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()));
-                    (read(cert)?, read(key)?)
+                    tokio_watch::channel(tls::acceptor_from_pem(&read(cert)?, &read(key)?, None)?).1
                 }
                 WebhookTls::SelfManaged(sm) => {
-                    let c = tessera_claims::admission::certs::ensure_secret(&client, sm).await?;
-                    tasks.push(tokio::spawn(tessera_claims::admission::certs::keep_ca_bundle(
+                    // The Secret is the source of truth: every replica follows it, serves what
+                    // it holds now and keeps that CA in the configuration.
+                    use tessera_claims::admission::certs;
+                    let c = certs::ensure_secret(&client, sm).await?;
+                    let first = tls::acceptor_from_pem(&c.cert, &c.key, None)?;
+                    let (cert_tx, cert_rx) = tokio_watch::channel(c);
+                    tasks.push(tokio::spawn(certs::follow_secret(client.clone(), sm.clone(), cert_tx)));
+                    tasks.push(tokio::spawn(certs::keep_ca_bundle(
                         client.clone(),
                         sm.webhook_configuration.clone(),
-                        c.ca.clone(),
+                        cert_rx.clone(),
                     )));
-                    (c.cert, c.key)
+                    let (acceptor_tx, acceptor_rx) = tokio_watch::channel(first);
+                    let mut certs_rx = cert_rx;
+                    tasks.push(tokio::spawn(async move {
+                        while certs_rx.changed().await.is_ok() {
+                            let c = certs_rx.borrow_and_update().clone();
+                            match tls::acceptor_from_pem(&c.cert, &c.key, None) {
+                                Ok(a) => {
+                                    if acceptor_tx.send(a).is_err() {
+                                        return;
+                                    }
+                                }
+                                Err(e) => tracing::warn!(error = %e, "the webhook Secret's certificate is unusable; serving the last one"),
+                            }
+                        }
+                    }));
+                    acceptor_rx
                 }
             };
-            let acceptor = tls::acceptor_from_pem(&cert.0, &cert.1, None)?;
             let webhook = Arc::new(tessera_claims::admission::Webhook {
                 client: client.clone(),
                 stores,
@@ -283,7 +303,7 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
     }
     let server = tokio::spawn(tls::serve(
         listener,
-        acceptor.map(|(a, _)| a),
+        acceptor.map(|(a, _)| tokio_watch::channel(a).1),
         app,
         cfg.limits,
         stop_rx.clone(),

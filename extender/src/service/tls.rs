@@ -86,11 +86,12 @@ impl Default for ListenerLimits {
     }
 }
 
-/// Serves `app` until `stop` resolves: over TLS with `acceptor`, else plain HTTP, within
-/// `limits`.
+/// Serves `app` until `stop` resolves: over TLS with `acceptor` (each connection with the one
+/// it holds when the connection comes: a certificate can change while serving), else plain
+/// HTTP, within `limits`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    acceptor: Option<TlsAcceptor>,
+    acceptor: Option<tokio::sync::watch::Receiver<TlsAcceptor>>,
     app: Router,
     limits: ListenerLimits,
     stop: impl std::future::Future<Output = ()>,
@@ -112,7 +113,7 @@ pub async fn serve(
             },
             _ = &mut stop => return,
         };
-        let acceptor = acceptor.clone();
+        let acceptor = acceptor.as_ref().map(|a| a.borrow().clone());
         let app = app.clone();
         tokio::spawn(async move {
             let _slot = slot;
