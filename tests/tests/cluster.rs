@@ -898,6 +898,43 @@ spec:
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 
+    // A rotation on the real API server: the webhook's Secret deleted, the extender (with its
+    // Role's rights: the Secret watched by name) makes a new one, puts its CA in the
+    // configuration and serves it, and a claim pod is admitted again, with no restart.
+    let ca_bundle = || {
+        c.kubectl_ok(&[
+            "get",
+            "mutatingwebhookconfiguration",
+            "tessera-extender",
+            "-o",
+            "jsonpath={.webhooks[0].clientConfig.caBundle}",
+        ])
+    };
+    let old_ca = ca_bundle()?;
+    c.kubectl_ok(&["-n", tessera::NS, "delete", "secret", "tessera-webhook-tls"])?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ca_bundle()? == old_ca {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the caBundle kept the old CA after the Secret went\n{}",
+            c.log_tail("extender", 20)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let again = claimed.replace("name: claimed,", "name: claimed-again,");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match c.apply_with(&again, &["--dry-run=server"]) {
+            Ok(_) => break,
+            Err(e) if Instant::now() < deadline && e.to_string().contains("failed calling webhook") => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(e.context(c.log_tail("extender", 20))),
+        }
+    }
+    let log = c.log_tail("extender", 200);
+    assert!(!log.contains("forbidden"), "{log}");
+
     // The CRDs' schemas, enforced by the real API server: a claim without resources, or with
     // resources of the wrong type, is refused naming the field; a good one is stored.
     let claim = |name: &str, spec: &str| {

@@ -199,11 +199,18 @@ impl Cluster {
 
     /// `kubectl apply -f -` of `yaml`.
     pub fn apply(&self, yaml: &str) -> anyhow::Result<String> {
+        self.apply_with(yaml, &[])
+    }
+
+    /// `kubectl apply -f -` with `extra` arguments (`--dry-run=server`: through admission,
+    /// stored nowhere).
+    pub fn apply_with(&self, yaml: &str, extra: &[&str]) -> anyhow::Result<String> {
         use std::io::Write as _;
         let mut child = self
             .command(self.kube_bin.join("kubectl"))
             .env("KUBECONFIG", self.kubeconfig())
             .args(["apply", "-f", "-"])
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
