@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds what tests/gpu/run.sh needs on a GPU machine without network into
-# .cache/gpu/bundle.tar.xz: the release binaries (stripped) and the containerd 1.7 / 2.x, runc
+# .cache/gpu/bundle.tar.xz: the release binaries (stripped; the CUDA hook as it ships, built
+# for glibc 2.28) and the containerd 1.7 / 2.x, runc
 # and busybox the harness fetched (tests/runtimes/fetch.sh). Carry `.cache/gpu` to the GPU
 # machine. Prints the bundle's size.
 set -euo pipefail
@@ -8,7 +9,8 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
 cache="$repo/.cache/runtimes"
 bash tests/runtimes/fetch.sh "$cache" >/dev/null
-cargo build --release --locked -p tessera-cuda-hook
+# The hook as it ships (glibc 2.28 symbols, hook/build-portable.sh), not a native build.
+hook="$(bash hook/build-portable.sh)"
 cargo build --release --locked -p tessera-cdi-generator -p tessera-nri-plugin -p tessera-mps -p tessera-tests \
   --bin tessera-cdi-generator --bin tessera-nri-plugin --bin tessera-mps-supervisor --bin tessera-gpu-e2e
 stage="$(mktemp -d)"
@@ -17,7 +19,7 @@ mkdir -p "$stage/bin" "$stage/runtimes"
 for b in tessera-cdi-generator tessera-nri-plugin tessera-mps-supervisor tessera-gpu-e2e; do
   strip -o "$stage/bin/$b" "target/release/$b"
 done
-strip -o "$stage/bin/libtessera-cuda-hook.so" target/release/libtessera_cuda_hook.so
+strip -o "$stage/bin/libtessera-cuda-hook.so" "$hook"
 # Only the runtime binaries the harness runs, in the cache's own layout (ready-v3 is relative).
 # One ctr serves both (the harness only imports images; 1.7's ctr uses the content API 2.x
 # still serves), which keeps the bundle under the device tool's 64 MiB.
