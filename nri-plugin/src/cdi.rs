@@ -87,14 +87,23 @@ pub struct CdiResolver {
 fn read_spec(path: &Path) -> Result<Option<CdiSpec>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let yaml = matches!(path.extension().and_then(|x| x.to_str()), Some("yaml" | "yml"));
-    let kind = if yaml {
+    let parsed = if yaml {
         serde_yaml::from_str::<serde_yaml::Value>(&text)
-            .ok()
-            .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_string))
+            .map(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_string))
+            .map_err(|e| e.to_string())
     } else {
         serde_json::from_str::<serde_json::Value>(&text)
-            .ok()
-            .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_string))
+            .map(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_string))
+            .map_err(|e| e.to_string())
+    };
+    let kind = match parsed {
+        Ok(kind) => kind,
+        // A file that cannot be parsed is nobody's for sure; one that names Tessera's kind is
+        // a broken spec of ours, said as such rather than left to look like a missing device.
+        Err(e) if text.contains(CDI_KIND) => {
+            return Err(format!("{}: not a readable CDI spec: {e}", path.display()));
+        }
+        Err(_) => None,
     };
     if kind.as_deref() != Some(CDI_KIND) {
         return Ok(None);
@@ -233,5 +242,33 @@ mod tests {
         let mut r = CdiResolver::new(vec![dir.path().to_path_buf(), later.path().to_path_buf()]);
         let e = r.resolve(&[format!("{CDI_KIND}=0")]).unwrap();
         assert_eq!(e.devices[1].minor, 7);
+    }
+
+    /// A broken spec of Tessera's kind is reported with its parse error (it used to read as
+    /// "unresolvable", as if the device were missing); a broken file of nobody in particular is
+    /// still skipped.
+    #[test]
+    fn a_broken_spec_of_ours_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("other.json"), "{not json").unwrap();
+        let mut r = CdiResolver::new(vec![dir.path().to_path_buf()]);
+        assert_eq!(
+            r.resolve(&[format!("{CDI_KIND}=0")]).unwrap_err(),
+            "unresolvable CDI devices tessera.io/gpu=0"
+        );
+        let broken = dir.path().join("tessera.io-gpu.json");
+        std::fs::write(
+            &broken,
+            r#"{"cdiVersion": "0.6.0", "kind": "tessera.io/gpu", "devices": ["#,
+        )
+        .unwrap();
+        let err = r.resolve(&[format!("{CDI_KIND}=0")]).unwrap_err();
+        assert!(
+            err.starts_with(&format!(
+                "{}: not a readable CDI spec: EOF while parsing",
+                broken.display()
+            )),
+            "{err}"
+        );
     }
 }

@@ -44,7 +44,7 @@ struct SimulateArgs {
     )]
     policies: Vec<simulate::Policies>,
     /// Seeds: a range `42..51` (inclusive) or a list `42,43`.
-    #[arg(long, default_value = "42..51")]
+    #[arg(long, default_value = "42..51", allow_hyphen_values = true)]
     seeds: String,
     /// Worker threads (default: all cores).
     #[arg(long)]

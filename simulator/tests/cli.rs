@@ -50,6 +50,11 @@ fn simulate_refuses_nonsense_naming_it() {
         ),
         (vec!["--seeds", "42..1000000"], "at most 1000 in one run".into()),
         (vec!["--seeds", "42,42"], "seed 42 given twice".into()),
+        // A negative number is named as a bad seed, not as an unknown flag.
+        (
+            vec!["--seeds", "-1"],
+            "--seeds=\"-1\": expected a range like 42..51 or a list like 42,43".into(),
+        ),
         (vec!["--threads", "0"], "--threads=0: at least 1".into()),
         (vec!["--policies", "fgd,fgd"], "--policies: fgd given twice".into()),
         (

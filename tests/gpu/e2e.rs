@@ -431,6 +431,9 @@ fn generate_spec(
             .arg(&paths.dev_root)
             .arg("--mps-root")
             .arg(&mps.root)
+            // Dry, nothing is written outside the run's directory.
+            .arg("--driver-bundle-dir")
+            .arg(work.join("driver-bundle"))
             .arg("--out-dir")
             .arg(c.cdi_dir())
             .output()?;
@@ -881,7 +884,9 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
         cmd.args(["--fixture", "h100x8", "--driver-root"])
             .arg(&paths.driver_root)
             .arg("--dev-root")
-            .arg(&paths.dev_root);
+            .arg(&paths.dev_root)
+            .arg("--driver-bundle-dir")
+            .arg(work.path().join("driver-bundle"));
     }
     let out = cmd.arg("--out-dir").arg(s.c.cdi_dir()).output()?;
     anyhow::ensure!(
