@@ -93,7 +93,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let source: Box<dyn InventorySource + Send + Sync> = match &args.fixture {
-        Some(f) => Box::new(FixtureSource::new(f)),
+        Some(f) => {
+            // A fixture that cannot be read now never will be (a typo): say so before anything
+            // else, rather than supervise nothing.
+            let fixture = FixtureSource::new(f);
+            fixture
+                .discover()
+                .map_err(|e| anyhow::anyhow!("--fixture {}: {e}", f.display()))?;
+            Box::new(fixture)
+        }
         None => Box::new(nvml.clone()),
     };
     let binaries = match &args.control_binary {

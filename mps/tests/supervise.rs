@@ -599,3 +599,30 @@ fn a_read_meeting_a_held_control_connection_waits_for_the_answer() {
         holder.wait().unwrap();
     }
 }
+
+/// A fixture that cannot be read is a typo that no later read will fix: the supervisor says so
+/// at start, naming it and the built-in names, and exits, instead of supervising no card.
+#[test]
+fn an_unreadable_fixture_is_refused_at_start() {
+    let root = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--fixture",
+            "h100x9",
+            "--control-binary",
+            "/bin/true",
+            "--mps-root",
+        ])
+        .arg(root.path())
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--fixture h100x9: cannot read fixture h100x9") && stderr.contains("h100x8"),
+        "{stderr}"
+    );
+}
