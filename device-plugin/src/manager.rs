@@ -1,8 +1,8 @@
 //! The supervisor: keeps one endpoint per advertised resource, registers them with the
-//! kubelet, re-registers when `kubelet.sock` is re-created, follows inventory changes (MIG
+//! kubelet, re-registers when `kubelet.sock` is re-created (and retries a registration the kubelet did not take), follows inventory changes (MIG
 //! reconfiguration adds and removes endpoints) and health events, and cleans up on SIGTERM.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use tessera_proto::deviceplugin as api;
 use tessera_proto::deviceplugin::registration_client::RegistrationClient;
 use tokio::sync::{mpsc, watch};
 use tonic::transport::{Endpoint as TonicEndpoint, Uri};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::health::{HealthEvent, HealthState};
 use crate::resources::{self, Advertised};
@@ -44,6 +44,9 @@ pub struct Config {
     /// A GPU quiet this long after its last critical event is healthy again.
     pub recovery: Duration,
 }
+
+/// How often a registration the kubelet did not take is tried again.
+const REGISTRATION_RETRY: Duration = Duration::from_millis(500);
 
 async fn register(dir: &Path, resource: &str) -> anyhow::Result<()> {
     let kubelet = dir.join(KUBELET_SOCKET);
@@ -95,6 +98,9 @@ struct State {
     cards: watch::Sender<Option<Arc<NodeInventory>>>,
     health: HealthState,
     endpoints: BTreeMap<String, Endpoint>,
+    /// Endpoints serving but not registered: the kubelet refused or was not answering yet
+    /// (it creates kubelet.sock a moment before it serves on it). Retried until it takes them.
+    unregistered: BTreeSet<String>,
     fixture_events_seen: usize,
 }
 
@@ -142,14 +148,34 @@ impl State {
             ) {
                 Ok(e) => {
                     match register(&self.config.plugin_dir, &resource).await {
-                        Ok(()) => info!(resource, socket = %e.socket.display(), "registered with the kubelet"),
+                        Ok(()) => {
+                            info!(resource, socket = %e.socket.display(), "registered with the kubelet");
+                            self.unregistered.remove(&resource);
+                        }
                         Err(err) => {
-                            warn!(resource, error = %err, "registration failed; retried when kubelet.sock appears")
+                            warn!(resource, error = %err, "registration failed; retrying");
+                            self.unregistered.insert(resource.clone());
                         }
                     }
                     self.endpoints.insert(resource, e);
                 }
                 Err(err) => warn!(resource, error = %err, "cannot serve the endpoint"),
+            }
+        }
+    }
+
+    /// Registers again the endpoints the kubelet has not taken yet.
+    async fn retry_registrations(&mut self) {
+        for resource in std::mem::take(&mut self.unregistered) {
+            if !self.endpoints.contains_key(&resource) {
+                continue;
+            }
+            match register(&self.config.plugin_dir, &resource).await {
+                Ok(()) => info!(resource, "registered with the kubelet"),
+                Err(err) => {
+                    debug!(resource, error = %err, "registration failed again; retrying");
+                    self.unregistered.insert(resource);
+                }
             }
         }
     }
@@ -220,8 +246,11 @@ pub async fn run(
         cards: watch::channel(None).0,
         health: HealthState::default(),
         endpoints: BTreeMap::new(),
+        unregistered: BTreeSet::new(),
         fixture_events_seen: 0,
     };
+    let mut retry = tokio::time::interval(REGISTRATION_RETRY);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tick = tokio::time::interval(config.poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
@@ -234,6 +263,9 @@ pub async fn run(
             Some(()) = kubelet_rx.recv() => {
                 info!("kubelet.sock re-created: re-registering every endpoint");
                 state.reconcile(true).await;
+            }
+            _ = retry.tick(), if !state.unregistered.is_empty() => {
+                state.retry_registrations().await;
             }
             Some(ev) = health_rx.recv() => {
                 if state.health.apply(&ev, Instant::now()) {

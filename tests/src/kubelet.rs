@@ -2,6 +2,8 @@
 //! kubelet's side of ListAndWatch / Allocate on the plugin's socket.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tessera_proto::deviceplugin as api;
@@ -14,12 +16,21 @@ use tonic::{Request, Response, Status};
 
 struct Registrar {
     tx: mpsc::UnboundedSender<api::RegisterRequest>,
+    /// Registrations still to turn away (as a kubelet that is starting up does).
+    refuse: Arc<AtomicUsize>,
 }
 
 #[tonic::async_trait]
 impl Registration for Registrar {
     async fn register(&self, request: Request<api::RegisterRequest>) -> Result<Response<api::Empty>, Status> {
         let r = request.into_inner();
+        if self
+            .refuse
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Status::unavailable("the kubelet is starting"));
+        }
         // Like the kubelet: only v1beta1 and extended resource names.
         if r.version != "v1beta1" {
             return Err(Status::invalid_argument(format!("unsupported version {}", r.version)));
@@ -41,6 +52,7 @@ pub struct FakeKubelet {
     stop: Option<oneshot::Sender<()>>,
     registrations: mpsc::UnboundedReceiver<api::RegisterRequest>,
     tx: mpsc::UnboundedSender<api::RegisterRequest>,
+    refuse: Arc<AtomicUsize>,
 }
 
 impl FakeKubelet {
@@ -52,9 +64,16 @@ impl FakeKubelet {
             stop: None,
             registrations,
             tx,
+            refuse: Arc::new(AtomicUsize::new(0)),
         };
         k.serve()?;
         Ok(k)
+    }
+
+    /// Turns the next `n` registrations away (`UNAVAILABLE`), as a kubelet does in the moment
+    /// between creating `kubelet.sock` and serving on it.
+    pub fn refuse_next(&self, n: usize) {
+        self.refuse.store(n, Ordering::Release);
     }
 
     fn serve(&mut self) -> anyhow::Result<()> {
@@ -62,7 +81,10 @@ impl FakeKubelet {
         let _ = std::fs::remove_file(&sock);
         let listener = tokio::net::UnixListener::bind(&sock)?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let svc = RegistrationServer::new(Registrar { tx: self.tx.clone() });
+        let svc = RegistrationServer::new(Registrar {
+            tx: self.tx.clone(),
+            refuse: self.refuse.clone(),
+        });
         tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .add_service(svc)

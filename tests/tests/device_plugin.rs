@@ -361,3 +361,23 @@ async fn preferred_whole_cards_follow_the_topology_and_devices_carry_numa() -> a
     plugin.shutdown().await;
     Ok(())
 }
+
+/// A kubelet that turns registrations away at first (it creates `kubelet.sock` a moment before
+/// it serves on it, so a plugin that registers on the socket's creation can be refused) gets
+/// them again without `kubelet.sock` being re-created: the plugin retries. Before, it waited for
+/// the next re-creation, and the node kept no Tessera resources until the kubelet restarted
+/// again (seen in the real-cluster test).
+#[tokio::test]
+async fn a_refused_registration_is_retried() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("plugins");
+    std::fs::create_dir_all(&dir)?;
+    let mut k = FakeKubelet::start(&dir)?;
+    k.refuse_next(3);
+    let plugin = start(&dir, &fixture_file(tmp.path(), "t4x2"));
+    let regs = k.registrations(2).await?;
+    let names: Vec<&str> = regs.iter().map(|r| r.resource_name.as_str()).collect();
+    assert_eq!(names, ["tessera.io/gpu-core", "tessera.io/gpu-memory"]);
+    plugin.shutdown().await;
+    Ok(())
+}
