@@ -46,13 +46,9 @@ async fn main() -> anyhow::Result<()> {
         anyhow::bail!("--memory-unit-mib=0: the memory unit must be at least 1 MiB");
     }
     let source = match cli.fixture {
+        // NVML may come later (a driver still loading), so it is waited for; a fixture is not.
         Some(f) => {
-            // A fixture that cannot be read now never will be (a typo): say so, do not serve
-            // nothing. NVML may come later (a driver still loading), so it is waited for.
-            let fixture = FixtureSource::new(&f);
-            tessera_core::inventory::InventorySource::discover(&fixture)
-                .map_err(|e| anyhow::anyhow!("--fixture {}: {e}", f.display()))?;
-            Source::Fixture(fixture)
+            Source::Fixture(FixtureSource::readable(&f).map_err(|e| anyhow::anyhow!("--fixture {}: {e}", f.display()))?)
         }
         None => Source::Nvml(Box::new(NvmlSource {
             host_root: cli.host_root,

@@ -64,13 +64,7 @@ async fn main() -> anyhow::Result<()> {
         anyhow::bail!("--node-name (NODE_NAME) is empty: the pool is named after the node");
     }
     let source: Box<dyn InventorySource + Send + Sync> = match &cli.fixture {
-        Some(f) => {
-            let fixture = FixtureSource::new(f);
-            fixture
-                .discover()
-                .map_err(|e| anyhow::anyhow!("--fixture {}: {e}", f.display()))?;
-            Box::new(fixture)
-        }
+        Some(f) => Box::new(FixtureSource::readable(f).map_err(|e| anyhow::anyhow!("--fixture {}: {e}", f.display()))?),
         None => Box::new(NvmlSource {
             host_root: cli.host_root.clone(),
             driver_root: cli.driver_root.clone(),

@@ -93,15 +93,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let source: Box<dyn InventorySource + Send + Sync> = match &args.fixture {
-        Some(f) => {
-            // A fixture that cannot be read now never will be (a typo): say so before anything
-            // else, rather than supervise nothing.
-            let fixture = FixtureSource::new(f);
-            fixture
-                .discover()
-                .map_err(|e| anyhow::anyhow!("--fixture {}: {e}", f.display()))?;
-            Box::new(fixture)
-        }
+        Some(f) => Box::new(FixtureSource::readable(f).map_err(|e| anyhow::anyhow!("--fixture {}: {e}", f.display()))?),
         None => Box::new(nvml.clone()),
     };
     let binaries = match &args.control_binary {

@@ -11,3 +11,16 @@ pub mod http;
 pub mod kubelet;
 pub mod nvidia;
 pub mod uds;
+
+/// A Tessera binary from the target folder (`cargo build --workspace --bins`, which
+/// scripts/test.sh runs first: cargo builds a package's binaries only for its own tests).
+pub fn workspace_bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo build --workspace --bins` first",
+        path.display()
+    );
+    path
+}

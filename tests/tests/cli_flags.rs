@@ -29,17 +29,6 @@ fn binaries() -> Vec<String> {
     bins
 }
 
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().unwrap().parent().unwrap().join(name);
-    assert!(
-        path.exists(),
-        "{} is not built: run `cargo build --workspace --bins` first",
-        path.display()
-    );
-    path
-}
-
 /// `(exit code, stdout)` of `bin args...`.
 fn run(bin: &PathBuf, args: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(bin).args(args).output().unwrap();
@@ -84,7 +73,7 @@ fn every_binary_names_its_flags_one_way() {
     let mut problems = Vec::new();
     let mut seen = 0;
     for name in &bins {
-        let path = bin(name);
+        let path = tessera_tests::workspace_bin(name);
         let (code, version) = run(&path, &["--version"]);
         // kubectl shows a plugin as `kubectl tessera`, and so does its version line.
         let shown = name.replacen("kubectl-", "kubectl ", 1);

@@ -106,18 +106,7 @@ mod tessera {
 
     pub const NS: &str = "tessera-system";
 
-    /// A Tessera binary from the target folder (`cargo build --workspace --bins`, which
-    /// scripts/test.sh runs first: cargo builds a package's binaries only for its own tests).
-    pub fn bin(name: &str) -> PathBuf {
-        let exe = std::env::current_exe().unwrap();
-        let path = exe.parent().unwrap().parent().unwrap().join(name);
-        assert!(
-            path.exists(),
-            "{} is not built: run `cargo build --workspace --bins` first",
-            path.display()
-        );
-        path
-    }
+    pub use tessera_tests::workspace_bin as bin;
 
     /// A kubeconfig for ServiceAccount `sa` (a token the API server issues).
     fn sa_kubeconfig(c: &Cluster, sa: &str) -> anyhow::Result<PathBuf> {

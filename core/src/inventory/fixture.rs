@@ -287,6 +287,14 @@ impl FixtureSource {
         }
     }
 
+    /// A source for `fixture` that is read once now: a fixture that cannot be read at start is
+    /// a typo no later read will fix, so an agent refuses it rather than serve nothing.
+    pub fn readable(fixture: impl Into<PathBuf>) -> Result<Self, InventoryError> {
+        let source = Self::new(fixture);
+        source.load()?;
+        Ok(source)
+    }
+
     /// Reads and parses the fixture.
     pub fn load(&self) -> Result<Fixture, InventoryError> {
         if !self.fixture.exists()
