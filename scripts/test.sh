@@ -18,6 +18,8 @@ bash tests/nvidia/fetch.sh
 # A real Kubernetes (the shared multi-call binary, or KUBE_BIN_DIR), etcd and the CNI plugins.
 echo "== Kubernetes (tests/cluster/fetch.sh):"
 bash tests/cluster/fetch.sh
+# Helm's own binary for the chart's tests (deploy/tests/helm.rs; cached under .cache/helm).
+echo "== Helm (scripts/fetch-helm.sh): $(bash scripts/fetch-helm.sh)"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The real-cluster tests run Tessera's own binaries (tests/tests/cluster.rs): built first.

@@ -37,3 +37,8 @@ for v in 1.34.0 1.35.0 1.36.0; do
     "$VENV/bin/kubernetes-validate" --strict --quiet -k "$v" "$out/dra.yaml" deploy/examples/dra/*.yaml
     echo "DRA manifests valid for Kubernetes $v"
 done
+# The Helm chart (deploy/tests/helm.rs compares its rendering with these objects): Helm's lint.
+helm="$(bash scripts/fetch-helm.sh)"
+"$helm" lint --strict --quiet deploy/chart/tessera
+"$helm" lint --strict --quiet deploy/chart/tessera --set dra=true --set shareEnforcement=hook --set driverRoot=/run/nvidia/driver
+echo "Helm chart lints clean"

@@ -907,6 +907,7 @@ fn to_yaml<T: Serialize>(v: &T) -> String {
     serde_yaml::to_string(v).expect("manifests serialize")
 }
 
+pub mod chart;
 pub mod claims;
 pub mod dra;
 pub mod guards;

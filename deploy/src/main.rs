@@ -46,6 +46,10 @@ struct ManifestArgs {
     /// Write here instead of stdout.
     #[arg(long, default_value = "-")]
     out: String,
+    /// Write a Helm chart of these manifests into this directory instead (the flags above
+    /// become its values' defaults; the namespace is the release's). Replaces a chart there.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["namespace", "scheduler_config", "out"])]
+    helm_chart: Option<std::path::PathBuf>,
 }
 
 fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
@@ -104,6 +108,9 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
         dra: args.dra,
         ..d
     };
+    if let Some(dir) = &args.helm_chart {
+        return write_chart(dir, &tessera_deploy::chart::files(&opts));
+    }
     let text = if args.scheduler_config {
         scheduler_config(&opts)
     } else {
@@ -115,6 +122,36 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
         std::fs::write(&args.out, text).with_context(|| format!("writing {}", args.out))?;
     }
     Ok(())
+}
+
+/// Writes the chart's files into `dir` as a whole: into a new directory beside it, which then
+/// takes the place of a chart already there. A directory that is not a chart is left alone.
+fn write_chart(dir: &std::path::Path, files: &[(String, String)]) -> anyhow::Result<()> {
+    let name = dir
+        .file_name()
+        .with_context(|| format!("--helm-chart {}: names no directory", dir.display()))?;
+    if dir.exists() && !dir.join("Chart.yaml").is_file() && std::fs::read_dir(dir)?.next().is_some() {
+        anyhow::bail!(
+            "--helm-chart {}: a directory that is not a chart (no Chart.yaml); not replacing it",
+            dir.display()
+        );
+    }
+    let staging = dir.with_file_name(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+    let written = (|| -> anyhow::Result<()> {
+        for (path, text) in files {
+            let path = staging.join(path);
+            std::fs::create_dir_all(path.parent().expect("chart files are in the chart"))?;
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).with_context(|| format!("removing the old chart {}", dir.display()))?;
+        }
+        std::fs::rename(&staging, dir).with_context(|| format!("moving the chart to {}", dir.display()))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    written.with_context(|| format!("--helm-chart {}", dir.display()))
 }
 
 /// A command whose output goes to a reader that may stop early (`| head`) ends quietly when it

@@ -21,6 +21,42 @@ fn the_checked_in_manifests_are_the_default_rendering() {
 }
 
 #[test]
+fn the_checked_in_chart_is_the_default_rendering() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("chart/tessera");
+    let rerender = "deploy/chart/tessera drifted from the renderer; run\n  \
+                    cargo run -p tessera-deploy -- --helm-chart deploy/chart/tessera";
+    let files = chart::files(&ManifestOptions::default());
+    for (path, text) in &files {
+        assert!(
+            deploy_file(&format!("chart/tessera/{path}")) == *text,
+            "{path}: {rerender}"
+        );
+    }
+    // And nothing else there.
+    let mut on_disk = Vec::new();
+    for sub in ["", "templates", "crds"] {
+        for entry in std::fs::read_dir(dir.join(sub)).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_file() {
+                on_disk.push(format!(
+                    "{}{}",
+                    if sub.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{sub}/")
+                    },
+                    entry.file_name().to_string_lossy()
+                ));
+            }
+        }
+    }
+    on_disk.sort();
+    let mut want: Vec<String> = files.into_iter().map(|(p, _)| p).collect();
+    want.sort();
+    assert_eq!(on_disk, want, "{rerender}");
+}
+
+#[test]
 fn objects_are_complete_and_namespaced() {
     let opts = ManifestOptions {
         namespace: "gpu".into(),

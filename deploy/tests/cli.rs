@@ -48,3 +48,49 @@ fn manifests_refuse_nonsense_naming_the_flag() {
     assert_eq!(code, Some(0));
     assert!(printed > 0);
 }
+
+#[test]
+fn a_chart_replaces_a_chart_and_nothing_else() {
+    let tmp = std::env::temp_dir().join(format!("tessera-chart-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(tmp.join("notes")).unwrap();
+    std::fs::write(tmp.join("notes/todo.txt"), "mine").unwrap();
+    let manifests = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tessera-manifests"))
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap()
+    };
+    // A directory of someone else's is left as it was.
+    let out = manifests(&["--helm-chart", tmp.join("notes").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a chart (no Chart.yaml)"));
+    assert_eq!(std::fs::read_to_string(tmp.join("notes/todo.txt")).unwrap(), "mine");
+    // A new chart, its values from the flags; then replaced by another, stale files gone.
+    let chart = tmp.join("tessera");
+    let out = manifests(&[
+        "--image",
+        "registry.example.com/t:1",
+        "--helm-chart",
+        chart.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        std::fs::read_to_string(chart.join("values.yaml"))
+            .unwrap()
+            .contains("image: registry.example.com/t:1\n")
+    );
+    std::fs::write(chart.join("templates/stale.yaml"), "kind: Stale").unwrap();
+    assert!(manifests(&["--helm-chart", chart.to_str().unwrap()]).status.success());
+    assert!(!chart.join("templates/stale.yaml").exists());
+    assert!(
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .all(|e| !e.unwrap().file_name().to_string_lossy().starts_with('.'))
+    );
+    // The namespace is the release's: naming one is an error, not ignored.
+    let out = manifests(&["--namespace", "x", "--helm-chart", chart.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    std::fs::remove_dir_all(&tmp).unwrap();
+}

@@ -1,0 +1,466 @@
+//! The Helm chart: the same typed objects as [`render`](crate::render), with
+//! `tessera-manifests`' flags as the chart's values. A value is rendered as a sentinel and the
+//! sentinel replaced with its template expression; an object that changes with a choice
+//! (share enforcement, DRA, a driver root or none) is rendered for every choice and wrapped in
+//! the condition under which each of its texts applies. So the chart cannot say anything the
+//! renderer does not (`deploy/tests/helm.rs` compares `helm template` with [`objects`] for
+//! every choice).
+
+use tessera_core::enforcement::ShareEnforcement;
+
+use crate::{ManifestOptions, objects, to_yaml};
+
+/// Rendered in place of each value, then replaced with the value's template expression (the
+/// replica count is a number, so its sentinel is one).
+const SCALARS: &[(&str, &str)] = &[
+    ("x-helm-namespace-x", "{{ .Release.Namespace }}"),
+    ("x-helm-scheduler-image-x", "{{ .Values.schedulerImage }}"),
+    ("x-helm-image-x", "{{ .Values.image }}"),
+    ("/x-helm-nri-dir-x", "{{ dir .Values.nriSocket }}"),
+    ("x-helm-nri-name-x", "{{ base .Values.nriSocket }}"),
+    ("/x-helm-cdi-dir-x", "{{ .Values.cdiDir }}"),
+    ("/x-helm-driver-root-x", "{{ .Values.driverRoot }}"),
+    ("731904213", "{{ .Values.replicas }}"),
+];
+
+/// One combination of the choices that change the objects' shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Choice {
+    share_enforcement: ShareEnforcement,
+    dra: bool,
+    driver_root: bool,
+}
+
+const ENFORCEMENTS: [ShareEnforcement; 3] = [ShareEnforcement::Mps, ShareEnforcement::Hook, ShareEnforcement::None];
+
+impl Choice {
+    fn all() -> Vec<Choice> {
+        let mut out = Vec::new();
+        for share_enforcement in ENFORCEMENTS {
+            for dra in [false, true] {
+                for driver_root in [false, true] {
+                    out.push(Choice {
+                        share_enforcement,
+                        dra,
+                        driver_root,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The sentinel options for this choice.
+    fn options(self) -> ManifestOptions {
+        ManifestOptions {
+            namespace: "x-helm-namespace-x".into(),
+            image: "x-helm-image-x".into(),
+            scheduler_image: "x-helm-scheduler-image-x".into(),
+            replicas: 731_904_213,
+            driver_root: self.driver_root.then(|| "/x-helm-driver-root-x".into()),
+            share_enforcement: self.share_enforcement,
+            nri_socket: "/x-helm-nri-dir-x/x-helm-nri-name-x".into(),
+            cdi_dir: "/x-helm-cdi-dir-x".into(),
+            dra: self.dra,
+            ..ManifestOptions::default()
+        }
+    }
+
+    /// The value of dimension `d` (0: share enforcement, 1: DRA, 2: driver root), as a
+    /// template condition.
+    fn atom(self, d: usize) -> String {
+        match d {
+            0 => format!("(eq .Values.shareEnforcement \"{}\")", self.share_enforcement),
+            1 if self.dra => ".Values.dra".into(),
+            1 => "(not .Values.dra)".into(),
+            _ if self.driver_root => ".Values.driverRoot".into(),
+            _ => "(not .Values.driverRoot)".into(),
+        }
+    }
+
+    fn differs_only_in(self, other: Choice, d: usize) -> bool {
+        let same = [
+            self.share_enforcement == other.share_enforcement,
+            self.dra == other.dra,
+            self.driver_root == other.driver_root,
+        ];
+        !same[d] && (0..3).all(|i| i == d || same[i])
+    }
+}
+
+/// `op` over `parts`, or the one part alone.
+fn join(op: &str, parts: Vec<String>) -> String {
+    if parts.len() == 1 {
+        parts.into_iter().next().unwrap_or_default()
+    } else {
+        format!("({op} {})", parts.join(" "))
+    }
+}
+
+/// Which choices (by index into [`Choice::all`]) something applies to.
+type Set = Vec<bool>;
+
+/// A value as the choices render it: the same under all, a mapping or sequence whose
+/// entries each apply under some of them, or one value per group of choices.
+#[derive(Debug)]
+enum Tree {
+    Same(serde_json::Value),
+    Map(Vec<(String, Set, Tree)>),
+    Seq(Vec<(Set, Tree)>),
+    Switch(Vec<(Set, serde_json::Value)>),
+}
+
+/// How a sequence's items are matched across choices: by `name` (containers, volumes,
+/// environment variables, ...) or, for scalars, by value. `None`: no identity.
+fn identity(item: &serde_json::Value) -> Option<String> {
+    match item {
+        serde_json::Value::Object(o) => o.get("name").and_then(|n| n.as_str()).map(|n| format!("name={n}")),
+        serde_json::Value::Array(_) => None,
+        scalar => Some(scalar.to_string()),
+    }
+}
+
+/// Merges `keys` into `order`: a key already there stays, a new one goes after the key that
+/// precedes it in `keys`.
+fn merge_order(order: &mut Vec<String>, keys: impl IntoIterator<Item = String>) {
+    let mut previous: Option<usize> = None;
+    for k in keys {
+        let at = match order.iter().position(|o| *o == k) {
+            Some(at) => at,
+            None => {
+                let at = previous.map_or(0, |p| p + 1);
+                order.insert(at, k);
+                at
+            }
+        };
+        previous = Some(at);
+    }
+}
+
+/// The tree of `values` (one per choice; those in `within` are present).
+fn build(values: &[Option<&serde_json::Value>], within: &Set) -> Tree {
+    use serde_json::Value;
+    let present: Vec<&Value> = (0..values.len())
+        .filter(|&i| within[i])
+        .map(|i| values[i].expect("present within"))
+        .collect();
+    if present.windows(2).all(|w| w[0] == w[1]) {
+        return Tree::Same(present[0].clone());
+    }
+    let member = |has: &dyn Fn(usize) -> bool| -> Set { (0..values.len()).map(|i| within[i] && has(i)).collect() };
+    if present.iter().all(|v| v.is_object()) {
+        let mut order = Vec::new();
+        for v in &present {
+            merge_order(&mut order, v.as_object().into_iter().flat_map(|o| o.keys().cloned()));
+        }
+        let entries = order
+            .into_iter()
+            .map(|k| {
+                let child: Vec<Option<&Value>> = values.iter().map(|v| v.and_then(|v| v.get(&k))).collect();
+                let set = member(&|i| child[i].is_some());
+                let tree = build(&child, &set);
+                (k, set, tree)
+            })
+            .collect();
+        return Tree::Map(entries);
+    }
+    // Sequences whose items each have an identity, unique in its sequence.
+    let identified = |v: &Value| -> Option<Vec<String>> {
+        let ids: Vec<String> = v.as_array()?.iter().map(identity).collect::<Option<_>>()?;
+        let unique = ids.iter().collect::<std::collections::BTreeSet<_>>().len() == ids.len();
+        unique.then_some(ids)
+    };
+    if let Some(ids) = present.iter().map(|v| identified(v)).collect::<Option<Vec<_>>>() {
+        let mut order = Vec::new();
+        for i in ids {
+            merge_order(&mut order, i);
+        }
+        let items = order
+            .into_iter()
+            .map(|id| {
+                let child: Vec<Option<&Value>> = values
+                    .iter()
+                    .map(|v| v.and_then(|v| v.as_array()?.iter().find(|item| identity(item).as_ref() == Some(&id))))
+                    .collect();
+                let set = member(&|i| child[i].is_some());
+                let tree = build(&child, &set);
+                (set, tree)
+            })
+            .collect();
+        return Tree::Seq(items);
+    }
+    let mut groups: Vec<(Set, Value)> = Vec::new();
+    for i in (0..values.len()).filter(|&i| within[i]) {
+        let v = values[i].expect("present within");
+        match groups.iter_mut().find(|(_, g)| g == v) {
+            Some((set, _)) => set[i] = true,
+            None => {
+                let mut set = vec![false; values.len()];
+                set[i] = true;
+                groups.push((set, v.clone()));
+            }
+        }
+    }
+    Tree::Switch(groups)
+}
+
+/// The template condition that holds, among the choices in `within`, for exactly those in
+/// `set`: over the dimensions that tell them apart there.
+fn condition(choices: &[Choice], set: &Set, within: &Set) -> String {
+    let inside: Vec<usize> = (0..choices.len()).filter(|&i| within[i]).collect();
+    let relevant: Vec<usize> = (0..3)
+        .filter(|&d| {
+            inside.iter().any(|&a| {
+                inside
+                    .iter()
+                    .any(|&b| choices[a].differs_only_in(choices[b], d) && set[a] != set[b])
+            })
+        })
+        .collect();
+    let term = |i: usize| join("and", relevant.iter().map(|&d| choices[i].atom(d)).collect());
+    let mut terms: Vec<String> = Vec::new();
+    for &i in inside.iter().filter(|&&i| set[i]) {
+        let t = term(i);
+        if !terms.contains(&t) {
+            terms.push(t);
+        }
+    }
+    for &i in inside.iter().filter(|&&i| !set[i]) {
+        assert!(
+            !terms.contains(&term(i)),
+            "no condition tells {set:?} apart within {within:?}"
+        );
+    }
+    join("or", terms)
+}
+
+/// `value` as YAML lines, each indented by `indent`.
+fn lines(value: &serde_json::Value, indent: usize, out: &mut String) {
+    for line in to_yaml(value).lines() {
+        out.push_str(&" ".repeat(indent));
+        out.push_str(line);
+        out.push('\n');
+    }
+}
+
+/// Writes `body`, under an `if` when `set` is narrower than `within`.
+fn guarded(choices: &[Choice], set: &Set, within: &Set, out: &mut String, body: impl FnOnce(&mut String)) {
+    if set == within {
+        body(out);
+    } else {
+        out.push_str(&format!("{{{{- if {} }}}}\n", condition(choices, set, within)));
+        body(out);
+        out.push_str("{{- end }}\n");
+    }
+}
+
+/// One `if` / `else if` chain, a branch per group.
+fn switch(
+    choices: &[Choice],
+    groups: &[(Set, serde_json::Value)],
+    within: &Set,
+    out: &mut String,
+    item: impl Fn(&serde_json::Value, &mut String),
+) {
+    for (n, (set, value)) in groups.iter().enumerate() {
+        let keyword = if n == 0 { "if" } else { "else if" };
+        out.push_str(&format!("{{{{- {keyword} {} }}}}\n", condition(choices, set, within)));
+        item(value, out);
+    }
+    out.push_str("{{- end }}\n");
+}
+
+fn emit_map(choices: &[Choice], entries: &[(String, Set, Tree)], indent: usize, within: &Set, out: &mut String) {
+    let pad = " ".repeat(indent);
+    for (key, set, tree) in entries {
+        guarded(choices, set, within, out, |out| {
+            let entry = |v: &serde_json::Value, out: &mut String| lines(&serde_json::json!({ key: v }), indent, out);
+            match tree {
+                Tree::Same(v) => entry(v, out),
+                Tree::Switch(groups) => switch(choices, groups, set, out, entry),
+                Tree::Map(entries) => {
+                    out.push_str(&format!("{pad}{key}:\n"));
+                    emit_map(choices, entries, indent + 2, set, out);
+                }
+                Tree::Seq(items) => {
+                    out.push_str(&format!("{pad}{key}:\n"));
+                    emit_seq(choices, items, indent, set, out);
+                }
+            }
+        });
+    }
+}
+
+fn emit_seq(choices: &[Choice], items: &[(Set, Tree)], indent: usize, within: &Set, out: &mut String) {
+    let pad = " ".repeat(indent);
+    for (set, tree) in items {
+        guarded(choices, set, within, out, |out| {
+            let item = |v: &serde_json::Value, out: &mut String| lines(&serde_json::json!([v]), indent, out);
+            match tree {
+                Tree::Same(v) => item(v, out),
+                Tree::Switch(groups) => switch(choices, groups, set, out, item),
+                // A mapping's first line after the dash when it is there under every choice,
+                // else the whole mapping on the lines after it.
+                Tree::Map(entries) => {
+                    let mut map = String::new();
+                    emit_map(choices, entries, indent + 2, set, &mut map);
+                    match map.strip_prefix(&format!("{pad}  ")) {
+                        Some(rest) if !rest.starts_with([' ', '{']) => out.push_str(&format!("{pad}- {rest}")),
+                        _ => out.push_str(&format!("{pad}-\n{map}")),
+                    }
+                }
+                Tree::Seq(items) => {
+                    out.push_str(&format!("{pad}-\n"));
+                    emit_seq(choices, items, indent + 2, set, out);
+                }
+            }
+        });
+    }
+}
+
+fn key(object: &serde_json::Value) -> String {
+    format!(
+        "{}/{}",
+        object["kind"].as_str().unwrap_or_default(),
+        object["metadata"]["name"].as_str().unwrap_or_default()
+    )
+}
+
+/// A template file's name: `kind-name`, lower case.
+fn file_stem(key: &str) -> String {
+    key.to_ascii_lowercase().replace(['/', '.'], "-")
+}
+
+/// Replaces every sentinel with its template expression.
+fn templated(mut text: String) -> String {
+    for (sentinel, template) in SCALARS {
+        text = text.replace(sentinel, template);
+    }
+    assert!(!text.contains("x-helm-"), "a sentinel left in {text}");
+    text
+}
+
+pub(crate) const RENDERED_BY: &str = "Rendered by `tessera-manifests --helm-chart`: change deploy/src and re-render.";
+
+/// The chart's files (path inside the chart directory, content). `defaults` are the values
+/// the chart starts from; their namespace is not used (a release has its own).
+pub fn files(defaults: &ManifestOptions) -> Vec<(String, String)> {
+    let choices = Choice::all();
+    // Every object under every choice, keys in the order they are applied.
+    let rendered: Vec<Vec<serde_json::Value>> = choices.iter().map(|c| objects(&c.options())).collect();
+    let mut order: Vec<String> = Vec::new();
+    for objects in &rendered {
+        merge_order(&mut order, objects.iter().map(key));
+    }
+    let all: Set = vec![true; choices.len()];
+
+    let mut out = vec![
+        ("Chart.yaml".to_string(), chart_yaml()),
+        ("values.yaml".to_string(), values_yaml(defaults)),
+        ("values.schema.json".to_string(), values_schema()),
+    ];
+    let mut n = 0;
+    for k in &order {
+        let per_choice: Vec<Option<&serde_json::Value>> = rendered
+            .iter()
+            .map(|objects| objects.iter().find(|o| key(o) == *k))
+            .collect();
+        let set: Set = per_choice.iter().map(Option::is_some).collect();
+        let tree = build(&per_choice, &set);
+        if k.starts_with("CustomResourceDefinition/") {
+            let (Tree::Same(crd), true) = (&tree, set == all) else {
+                panic!("{k} changes with the values: Helm does not template CRDs")
+            };
+            let text = format!("# {RENDERED_BY}\n{}", to_yaml(crd));
+            out.push((format!("crds/{}.yaml", file_stem(k)), text));
+            continue;
+        }
+        let mut body = format!("{{{{- /* {RENDERED_BY} */}}}}\n");
+        guarded(&choices, &set, &all, &mut body, |out| match &tree {
+            Tree::Map(entries) => emit_map(&choices, entries, 0, &set, out),
+            Tree::Same(v) => lines(v, 0, out),
+            other => panic!("{k}: an object that is not a mapping: {other:?}"),
+        });
+        out.push((format!("templates/{n:02}-{}.yaml", file_stem(k)), templated(body)));
+        n += 1;
+    }
+    out
+}
+
+fn chart_yaml() -> String {
+    let version = env!("CARGO_PKG_VERSION");
+    format!(
+        "# Rendered by `tessera-manifests --helm-chart`: change deploy/src and re-render.
+apiVersion: v2
+name: tessera
+description: GPU sharing for Kubernetes - whole GPUs, fractions (compute % and memory) and MIG slices, enforced at the container runtime
+type: application
+version: {version}
+appVersion: \"{version}\"
+kubeVersion: \">=1.30.0-0\"
+home: https://github.com/tessera-gpu/tessera
+"
+    )
+}
+
+fn values_yaml(d: &ManifestOptions) -> String {
+    format!(
+        "# Rendered by `tessera-manifests --helm-chart`: change deploy/src and re-render.
+# The values are tessera-manifests' flags; the namespace is the release's (helm install -n).
+# Before installing, create the namespace and the hand-off key Secret (docs/operations.md).
+
+# The Tessera image (every binary).
+image: {image}
+# The kube-scheduler image of the `tessera` scheduler: match your cluster's version.
+schedulerImage: {scheduler_image}
+# Extender replicas.
+replicas: {replicas}
+# Host directory of the NVIDIA driver files; empty: each node detects it.
+driverRoot: \"{driver_root}\"
+# How GPU nodes hold shares to their limits: mps (adds the MPS supervisor), hook (Tessera's
+# CUDA hook preloaded into share containers) or none.
+shareEnforcement: {share}
+# The container runtime's NRI socket on the GPU nodes.
+nriSocket: {nri}
+# Where the container runtime reads CDI specs on the GPU nodes.
+cdiDir: {cdi}
+# Also install Tessera as a DRA driver (Kubernetes 1.34+).
+dra: {dra}
+",
+        image = d.image,
+        scheduler_image = d.scheduler_image,
+        replicas = d.replicas,
+        driver_root = d.driver_root.as_deref().unwrap_or(""),
+        share = d.share_enforcement,
+        nri = d.nri_socket,
+        cdi = d.cdi_dir,
+        dra = d.dra,
+    )
+}
+
+/// Helm refuses values outside these before rendering, naming the value; the patterns keep
+/// every string a plain YAML scalar wherever it is put.
+fn values_schema() -> String {
+    // No whitespace, quotes, backslashes or braces.
+    const WORD: &str = r#"[^\s"'\\{}]"#;
+    const LAST: &str = r#"[^\s"'\\{}/]"#;
+    let path = format!("^/{WORD}*$");
+    let schema = serde_json::json!({
+        "$schema": "https://json-schema.org/draft-07/schema#",
+        "title": "Tessera chart values (tessera-manifests' flags)",
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["image", "schedulerImage", "replicas", "driverRoot", "shareEnforcement", "nriSocket", "cdiDir", "dra"],
+        "properties": {
+            "image": {"type": "string", "pattern": format!("^[a-z0-9]{WORD}*$"), "description": "The Tessera image"},
+            "schedulerImage": {"type": "string", "pattern": format!("^[a-z0-9]{WORD}*$"), "description": "The kube-scheduler image of the tessera scheduler"},
+            "replicas": {"type": "integer", "minimum": 1, "description": "Extender replicas"},
+            "driverRoot": {"type": "string", "pattern": format!("^(/{WORD}*)?$"), "description": "Host directory of the NVIDIA driver files (an absolute path), or empty"},
+            "shareEnforcement": {"enum": ENFORCEMENTS.iter().map(|e| e.to_string()).collect::<Vec<_>>(), "description": "mps, hook or none"},
+            "nriSocket": {"type": "string", "pattern": format!("^/{WORD}*{LAST}$"), "description": "The runtime's NRI socket (an absolute path)"},
+            "cdiDir": {"type": "string", "pattern": path, "description": "Where the runtime reads CDI specs (an absolute path)"},
+            "dra": {"type": "boolean", "description": "Also install Tessera as a DRA driver (Kubernetes 1.34+)"}
+        }
+    });
+    serde_json::to_string_pretty(&schema).expect("schema serializes") + "\n"
+}

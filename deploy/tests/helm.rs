@@ -1,0 +1,150 @@
+//! The Helm chart in deploy/chart/tessera, rendered by Helm's own binary (v4.2.3,
+//! scripts/fetch-helm.sh), gives exactly the objects `tessera-manifests` renders for the same
+//! settings, under every choice of share enforcement, DRA and driver root; Helm refuses bad
+//! values naming them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tessera_core::enforcement::ShareEnforcement;
+use tessera_deploy::{ManifestOptions, objects};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+}
+
+/// Helm's binary: `TESSERA_HELM`, or where scripts/fetch-helm.sh puts it.
+fn helm() -> PathBuf {
+    let helm = std::env::var_os("TESSERA_HELM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".cache/helm/v4.2.3/helm"));
+    assert!(
+        helm.is_file(),
+        "no Helm at {}: run scripts/fetch-helm.sh (scripts/test.sh does)",
+        helm.display()
+    );
+    helm
+}
+
+/// `helm template` of the checked-in chart: its stdout, or its stderr as the error.
+fn template(namespace: &str, set: &[(&str, String)]) -> Result<String, String> {
+    let mut cmd = Command::new(helm());
+    cmd.args(["template", "tessera"])
+        .arg(root().join("deploy/chart/tessera"))
+        .args(["--namespace", namespace, "--include-crds"])
+        // Helm keeps no state of ours: its caches and config in a directory of the test's.
+        .env("HELM_CACHE_HOME", std::env::temp_dir().join("tessera-helm-test/cache"))
+        .env(
+            "HELM_CONFIG_HOME",
+            std::env::temp_dir().join("tessera-helm-test/config"),
+        )
+        .env("HELM_DATA_HOME", std::env::temp_dir().join("tessera-helm-test/data"));
+    for (k, v) in set {
+        // Strings as strings; replicas and dra as what they are.
+        let flag = if matches!(*k, "replicas" | "dra") {
+            "--set"
+        } else {
+            "--set-string"
+        };
+        cmd.arg(flag).arg(format!("{k}={v}"));
+    }
+    let out = cmd.output().expect("helm runs");
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).unwrap())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// The documents of a YAML stream, sorted by kind and name (Helm orders by kind).
+fn sorted(mut docs: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    docs.retain(|d| !d.is_null());
+    docs.sort_by_key(|d| format!("{}/{}", d["kind"], d["metadata"]["name"]));
+    docs
+}
+
+fn parse(stream: &str) -> Vec<serde_json::Value> {
+    use serde::Deserialize;
+    sorted(
+        serde_yaml::Deserializer::from_str(stream)
+            .map(|doc| serde_json::Value::deserialize(doc).expect("helm renders YAML"))
+            .collect(),
+    )
+}
+
+#[test]
+fn the_chart_renders_what_the_renderer_does_under_every_choice() {
+    let _ = helm();
+    // The defaults: values.yaml as it is.
+    let defaults = ManifestOptions::default();
+    let chart = parse(&template(&defaults.namespace, &[]).unwrap());
+    assert_eq!(chart, sorted(objects(&defaults)), "default values");
+
+    let mut compared = 0;
+    for share_enforcement in [ShareEnforcement::Mps, ShareEnforcement::Hook, ShareEnforcement::None] {
+        for dra in [false, true] {
+            for driver_root in [None, Some("/run/nvidia/driver")] {
+                let opts = ManifestOptions {
+                    namespace: "gpu-sharing".into(),
+                    image: "registry.example.com:5000/tessera:dev".into(),
+                    scheduler_image: "registry.example.com/kube-scheduler:v1.34.1".into(),
+                    replicas: 3,
+                    driver_root: driver_root.map(String::from),
+                    share_enforcement,
+                    nri_socket: "/run/containerd/nri/nri.sock".into(),
+                    cdi_dir: "/etc/cdi".into(),
+                    dra,
+                    ..ManifestOptions::default()
+                };
+                let set = [
+                    ("image", opts.image.clone()),
+                    ("schedulerImage", opts.scheduler_image.clone()),
+                    ("replicas", opts.replicas.to_string()),
+                    ("driverRoot", driver_root.unwrap_or_default().to_string()),
+                    ("shareEnforcement", share_enforcement.to_string()),
+                    ("nriSocket", opts.nri_socket.clone()),
+                    ("cdiDir", opts.cdi_dir.clone()),
+                    ("dra", dra.to_string()),
+                ];
+                let chart = parse(&template(&opts.namespace, &set).unwrap());
+                let want = sorted(objects(&opts));
+                assert_eq!(chart.len(), want.len(), "{set:?}: objects");
+                for (c, w) in chart.iter().zip(&want) {
+                    assert_eq!(c, w, "{set:?}");
+                }
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(compared, 12);
+}
+
+#[test]
+fn helm_refuses_bad_values_naming_them() {
+    for (key, value, flag) in [
+        ("shareEnforcement", "nope", "--set-string"),
+        ("replicas", "0", "--set"),
+        ("replicas", "two", "--set-string"),
+        ("driverRoot", "run/nvidia/driver", "--set-string"),
+        ("nriSocket", "/var/run/nri/", "--set-string"),
+        ("cdiDir", "etc/cdi", "--set-string"),
+        ("image", "", "--set-string"),
+        ("schedulerImage", "a b", "--set-string"),
+        ("dra", "yes", "--set-string"),
+        ("imagee", "x", "--set-string"),
+    ] {
+        let out = Command::new(helm())
+            .args(["template", "tessera"])
+            .arg(root().join("deploy/chart/tessera"))
+            .arg(flag)
+            .arg(format!("{key}={value}"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{key}={value:?} rendered");
+        assert!(
+            err.contains("values don't meet the specifications of the schema") && err.contains(key),
+            "{key}={value:?}: {err}"
+        );
+    }
+}
