@@ -53,13 +53,22 @@ pub fn extender_rules() -> Vec<PolicyRule> {
     ]
 }
 
-/// The extender's rights in its namespace: the certificates' Secrets, read and followed by
-/// name (list and watch by name need a `metadata.name` field selector, which it sends).
+/// The extender's rights in its namespace: its certificates' Secrets, read and followed by
+/// name (list and watch by name need a `metadata.name` field selector, which it sends); its
+/// verbs' Secret marked and replaced; the scheduler's Secret replaced, never read.
 pub fn extender_namespace_rules() -> Vec<PolicyRule> {
     vec![
         PolicyRule {
             resource_names: Some(vec![WEBHOOK_SECRET.into(), super::EXTENDER_TLS_SECRET.into()]),
             ..rule(&[""], &["secrets"], &["get", "list", "watch"])
+        },
+        PolicyRule {
+            resource_names: Some(vec![super::EXTENDER_TLS_SECRET.into()]),
+            ..rule(&[""], &["secrets"], &["patch", "delete"])
+        },
+        PolicyRule {
+            resource_names: Some(vec![super::SCHEDULER_TLS_SECRET.into()]),
+            ..rule(&[""], &["secrets"], &["update"])
         },
         // Create cannot be limited by name (the object does not exist yet).
         rule(&[""], &["secrets"], &["create"]),

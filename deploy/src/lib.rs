@@ -191,9 +191,13 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
-/// The Secret of the verbs' certificates: the extender's, the CA, and the scheduler's client
-/// certificate (which alone may call the verbs).
+/// The Secret of the extender's side of the verbs' certificates: its serving certificate and
+/// key, and the CA of the client it answers (made by the extender).
 pub const EXTENDER_TLS_SECRET: &str = "tessera-extender-tls";
+/// The Secret of the scheduler's side: its client certificate and key (which alone may call
+/// the verbs) and the CA it verifies the extender with (written by the extender, which cannot
+/// read it).
+pub const SCHEDULER_TLS_SECRET: &str = "tessera-scheduler-tls";
 /// Where the scheduler mounts its client certificate.
 const SCHEDULER_CLIENT_DIR: &str = "/etc/tessera/extender-client";
 
@@ -297,8 +301,8 @@ extenders:
   tlsConfig:
     serverName: {EXTENDER}.{ns}.svc
     caFile: {SCHEDULER_CLIENT_DIR}/ca.crt
-    certFile: {SCHEDULER_CLIENT_DIR}/scheduler.crt
-    keyFile: {SCHEDULER_CLIENT_DIR}/scheduler.key
+    certFile: {SCHEDULER_CLIENT_DIR}/tls.crt
+    keyFile: {SCHEDULER_CLIENT_DIR}/tls.key
   filterVerb: filter
   prioritizeVerb: prioritize
   weight: 5
@@ -452,6 +456,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                             format!("--listen=0.0.0.0:{EXTENDER_PORT}"),
                             "--keys-dir=/etc/tessera/keys".into(),
                             format!("--tls-secret={EXTENDER_TLS_SECRET}"),
+                            format!("--scheduler-tls-secret={SCHEDULER_TLS_SECRET}"),
                             format!("--tls-service={EXTENDER}"),
                             format!("--webhook-listen=0.0.0.0:{}", claims::WEBHOOK_PORT),
                             format!("--webhook-secret={}", claims::WEBHOOK_SECRET),
@@ -589,22 +594,12 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                             }),
                             ..Default::default()
                         },
-                        // Only its own files of the Secret the extender creates (the pod
-                        // waits for it): the CA and its client certificate.
+                        // Its own Secret, which the extender writes (the pod waits for it):
+                        // the CA and its client certificate.
                         Volume {
                             name: "extender-client".into(),
                             secret: Some(SecretVolumeSource {
-                                secret_name: Some(EXTENDER_TLS_SECRET.into()),
-                                items: Some(
-                                    ["ca.crt", "scheduler.crt", "scheduler.key"]
-                                        .into_iter()
-                                        .map(|k| k8s_openapi::api::core::v1::KeyToPath {
-                                            key: k.into(),
-                                            path: k.into(),
-                                            ..Default::default()
-                                        })
-                                        .collect(),
-                                ),
+                                secret_name: Some(SCHEDULER_TLS_SECRET.into()),
                                 ..Default::default()
                             }),
                             ..Default::default()

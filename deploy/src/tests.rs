@@ -112,16 +112,27 @@ fn rbac_is_least_privilege() {
                 .collect();
             assert!(!verbs.contains(&"*") && !res.contains(&"*"), "{o}");
             // The only Secrets read through the API are the certificates the extender keeps
-            // (the webhook's, the verbs'), by name, in its own namespace (creating them cannot
-            // be limited by name).
+            // (the webhook's, its side of the verbs'), by name, in its own namespace (creating
+            // them cannot be limited by name); the scheduler's side is written, never read.
             if res.contains(&"secrets") {
                 assert_eq!((o["kind"].as_str(), res.len()), (Some("Role"), 1), "{o}");
-                let named = r["resourceNames"] == serde_json::json!([claims::WEBHOOK_SECRET, EXTENDER_TLS_SECRET]);
-                assert!(verbs == ["get", "list", "watch"] && named || verbs == ["create"], "{r}");
+                let named = |names: &[&str]| r["resourceNames"] == serde_json::json!(names);
+                assert!(
+                    verbs == ["get", "list", "watch"] && named(&[claims::WEBHOOK_SECRET, EXTENDER_TLS_SECRET])
+                        || verbs == ["patch", "delete"] && named(&[EXTENDER_TLS_SECRET])
+                        || verbs == ["update"] && named(&[SCHEDULER_TLS_SECRET])
+                        || verbs == ["create"],
+                    "{r}"
+                );
             }
-            // The only deletions: ElasticGPUs of a Delete class whose pod is gone.
+            // The only deletions: ElasticGPUs of a Delete class whose pod is gone, and the
+            // verbs' certificates the extender makes again (by name).
             if verbs.contains(&"delete") {
-                assert_eq!(res, ["elasticgpus"], "{o}");
+                assert!(
+                    res == ["elasticgpus"]
+                        || res == ["secrets"] && r["resourceNames"] == serde_json::json!([EXTENDER_TLS_SECRET]),
+                    "{o}"
+                );
             }
             if res.contains(&"mutatingwebhookconfigurations") {
                 assert_eq!(r["resourceNames"], serde_json::json!([claims::WEBHOOK_CONFIGURATION]));
@@ -207,11 +218,7 @@ fn the_scheduler_config_names_the_extender_and_every_resource() {
     );
     let tls = &ext["tlsConfig"];
     assert_eq!(tls["serverName"], "tessera-extender.tessera-system.svc");
-    for (k, file) in [
-        ("caFile", "ca.crt"),
-        ("certFile", "scheduler.crt"),
-        ("keyFile", "scheduler.key"),
-    ] {
+    for (k, file) in [("caFile", "ca.crt"), ("certFile", "tls.crt"), ("keyFile", "tls.key")] {
         assert_eq!(tls[k], format!("/etc/tessera/extender-client/{file}"));
     }
     assert_eq!(ext["bindVerb"], "bind");
@@ -253,6 +260,9 @@ fn only_the_extender_mounts_the_signing_keys() {
     assert!(node.contains(&PUBLIC_KEYS_SECRET.to_string()), "{node:?}");
     assert!(!node.contains(&KEYS_SECRET.to_string()), "{node:?}");
     assert!(!secrets_of("Deployment", SCHEDULER).contains(&KEYS_SECRET.to_string()));
+    // Each side of the verbs' TLS mounts only its own key's Secret.
+    assert_eq!(secrets_of("Deployment", SCHEDULER), [SCHEDULER_TLS_SECRET]);
+    assert!(!secrets_of("Deployment", EXTENDER).contains(&SCHEDULER_TLS_SECRET.to_string()));
 }
 
 /// Every program a container of the manifests runs (DRA and MPS included) is one the image

@@ -56,10 +56,15 @@ pub struct ServeArgs {
     #[arg(long, requires = "tls_cert")]
     client_ca: Option<PathBuf>,
     /// Keep the verbs' certificates in this Secret (in the lease namespace), created when
-    /// absent: a serving certificate for --tls-service and the scheduler's client certificate,
-    /// which alone may call the verbs. Without it or --tls-cert the verbs are plain HTTP.
+    /// absent: a serving certificate for --tls-service, and the CA of the scheduler's client
+    /// certificate, which alone may call the verbs. Followed: deleting it makes a new pair.
+    /// Without it or --tls-cert the verbs are plain HTTP.
     #[arg(long, conflicts_with = "tls_cert")]
     tls_secret: Option<String>,
+    /// With --tls-secret: write the scheduler's client certificate, key and the CA into this
+    /// Secret (never read back: the extender holds no scheduler key).
+    #[arg(long, default_value = "tessera-scheduler-tls")]
+    scheduler_tls_secret: String,
     /// The extender's Service (the self-kept certificate is for its DNS names).
     #[arg(long, default_value = "tessera-extender")]
     tls_service: String,
@@ -157,6 +162,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 (_, _, Some(secret)) => Some(VerbTls::SelfManaged(VerbCerts {
                     namespace: args.lease_namespace.clone(),
                     secret: secret.clone(),
+                    scheduler_secret: args.scheduler_tls_secret.clone(),
+                    pending_grace: tessera_extender::service::verb_certs::PENDING_GRACE,
                     service: args.tls_service.clone(),
                 })),
                 _ => None,

@@ -194,6 +194,44 @@ mod tessera {
         pub keys_dir: PathBuf,
     }
 
+    /// Copies the scheduler's Secret (its client certificate and key, and the CA), once the
+    /// extender has written it, into `dir`, as the kubelet mounts it for the scheduler's pod.
+    pub async fn scheduler_files(c: &Cluster, dir: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        for file in ["ca.crt", "tls.crt", "tls.key"] {
+            let key = file.replace('.', "\\.");
+            let mut data = String::new();
+            for _ in 0..100 {
+                data = c
+                    .kubectl_ok(&[
+                        "-n",
+                        NS,
+                        "get",
+                        "secret",
+                        "tessera-scheduler-tls",
+                        "-o",
+                        &format!("jsonpath={{.data.{key}}}"),
+                    ])
+                    .unwrap_or_default();
+                if !data.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            anyhow::ensure!(
+                !data.is_empty(),
+                "the extender wrote no tessera-scheduler-tls: {}",
+                c.log_tail("extender", 20)
+            );
+            use base64::Engine as _;
+            std::fs::write(
+                dir.join(file),
+                base64::engine::general_purpose::STANDARD.decode(data.trim())?,
+            )?;
+        }
+        Ok(())
+    }
+
     /// Applies the manifests and starts Tessera's components on `c`, the node being `fixture`
     /// (whose whole and shareable cards add up to `core` units of `tessera.io/gpu-core`);
     /// `dra` installs the DRA driver too (`tessera-manifests --dra`).
@@ -356,40 +394,9 @@ mod tessera {
         c.spawn("extender", cmd)?;
 
         // The second scheduler: the manifests' configuration, the extender on loopback, its
-        // client certificate from the Secret the extender creates (as the Deployment mounts it).
+        // client certificate from the Secret the extender writes (as the Deployment mounts it).
         let client_dir = c.dir().join("extender-client");
-        std::fs::create_dir_all(&client_dir)?;
-        for file in ["ca.crt", "scheduler.crt", "scheduler.key"] {
-            let key = file.replace('.', "\\.");
-            let mut data = String::new();
-            for _ in 0..100 {
-                data = c
-                    .kubectl_ok(&[
-                        "-n",
-                        NS,
-                        "get",
-                        "secret",
-                        "tessera-extender-tls",
-                        "-o",
-                        &format!("jsonpath={{.data.{key}}}"),
-                    ])
-                    .unwrap_or_default();
-                if !data.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            }
-            anyhow::ensure!(
-                !data.is_empty(),
-                "the extender made no tessera-extender-tls: {}",
-                c.log_tail("extender", 20)
-            );
-            use base64::Engine as _;
-            std::fs::write(
-                client_dir.join(file),
-                base64::engine::general_purpose::STANDARD.decode(data.trim())?,
-            )?;
-        }
+        scheduler_files(c, &client_dir).await?;
         let config = objects
             .iter()
             .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "tessera-scheduler")
@@ -923,6 +930,58 @@ spec:
     }
     let log = c.log_tail("extender", 200);
     assert!(!log.contains("forbidden"), "{log}");
+
+    // The verbs' certificates on the real API server: the extender (its Role) may write the
+    // scheduler's Secret but not read it; deleting its own Secret makes a new pair while it
+    // runs, and the real kube-scheduler, restarted on the new files (it reads its CA file
+    // once), drives the verbs again.
+    let extender_sa = format!("--as=system:serviceaccount:{}:tessera-extender", tessera::NS);
+    for (verb, want) in [("get", "no"), ("list", "no"), ("watch", "no"), ("update", "yes")] {
+        let out = c.kubectl(&[
+            "-n",
+            tessera::NS,
+            "auth",
+            "can-i",
+            verb,
+            "secret/tessera-scheduler-tls",
+            &extender_sa,
+        ])?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(said.trim(), want, "may the extender {verb} the scheduler's Secret?");
+    }
+    let scheduler_ca = || {
+        c.kubectl_ok(&[
+            "-n",
+            tessera::NS,
+            "get",
+            "secret",
+            "tessera-scheduler-tls",
+            "-o",
+            "jsonpath={.data.ca\\.crt}",
+        ])
+    };
+    let old_ca = scheduler_ca()?;
+    c.kubectl_ok(&["-n", tessera::NS, "delete", "secret", "tessera-extender-tls"])?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scheduler_ca()? == old_ca {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no new pair after the extender's Secret went\n{}",
+            c.log_tail("extender", 20)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    tessera::scheduler_files(&c, &c.dir().join("extender-client")).await?;
+    c.restart("tessera-scheduler")?;
+    c.apply(&gpu_pod("after-rotation", &[]))?;
+    c.wait_for(
+        &["pod/after-rotation"],
+        "{.status.conditions[?(@.type==\"PodScheduled\")].status}",
+        "True",
+        Duration::from_secs(60),
+    )
+    .await
+    .with_context(|| c.log_tail("tessera-scheduler", 20))?;
 
     // The CRDs' schemas, enforced by the real API server: a claim without resources, or with
     // resources of the wrong type, is refused naming the field; a good one is stored.

@@ -1379,6 +1379,161 @@ async fn verbs_answer_only_the_schedulers_client_certificate() -> anyhow::Result
     Ok(())
 }
 
+/// The verbs' certificates the extender keeps itself: the scheduler's key is only in the
+/// scheduler's Secret (the extender's holds its own key and the CA), and deleting the
+/// extender's Secret rotates both while the extender runs: the next handshake serves the new
+/// certificate, the scheduler's old one is refused and its new one answered. A Secret left
+/// half-made (`pending`) by a replica that died, or of the older one-Secret layout, is made
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_kept_verb_certificates_are_split_and_rotate_without_a_restart() -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use tessera_extender::service::verb_certs::{STATE_ANNOTATION, VerbCerts};
+    const NS: &str = "tessera-system";
+    let api = FakeApiServer::start().await?;
+    let decode = |s: &serde_json::Value, k: &str| -> Vec<u8> {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(s["data"][k].as_str().unwrap_or_default())
+            .unwrap_or_default()
+    };
+    let secret = |name: &str| api.object("Secret", NS, name);
+    // An abandoned half-made Secret is there already: it is replaced, not served.
+    api.create_object(&serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "tessera-extender-tls", "namespace": NS,
+                     "annotations": {STATE_ANNOTATION: "pending"}},
+        "data": {"tls.crt": "eA==", "tls.key": "eA==", "ca.crt": "eA=="}
+    }))?;
+    let certs = VerbCerts {
+        namespace: NS.into(),
+        secret: "tessera-extender-tls".into(),
+        scheduler_secret: "tessera-scheduler-tls".into(),
+        service: "localhost".into(),
+        pending_grace: Duration::from_secs(2),
+    };
+    let cluster = Arc::new(tessera_extender::service::cluster::Cluster::new(
+        Default::default(),
+        keys(),
+        Default::default(),
+    ));
+    let begun = std::time::Instant::now();
+    let running = tessera_extender::service::start(
+        api.client()?,
+        cluster,
+        tessera_extender::service::ServiceConfig {
+            listen: "127.0.0.1:0".parse()?,
+            prefix: PREFIX.into(),
+            body_limit: 1 << 20,
+            lease: None,
+            tls: Some(tessera_extender::service::VerbTls::SelfManaged(certs)),
+            claims: false,
+            limits: Default::default(),
+            webhook: None,
+        },
+    )
+    .await?;
+    let waited = begun.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2),
+        "a pending Secret was replaced at once ({waited:?}): its maker may still be writing"
+    );
+    let addr = running.addr;
+    let (ext, sched) = (
+        secret("tessera-extender-tls").unwrap(),
+        secret("tessera-scheduler-tls").unwrap(),
+    );
+    assert_eq!(ext["metadata"]["annotations"][STATE_ANNOTATION], "written");
+    // Each Secret holds one side's key: the extender's none of the scheduler's.
+    let keys_of = |s: &serde_json::Value| s["data"].as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys_of(&ext), ["ca.crt", "tls.crt", "tls.key"]);
+    assert_eq!(keys_of(&sched), ["ca.crt", "tls.crt", "tls.key"]);
+    let (ca, client_cert, client_key) = (
+        decode(&sched, "ca.crt"),
+        decode(&sched, "tls.crt"),
+        decode(&sched, "tls.key"),
+    );
+    assert_ne!(client_key, decode(&ext, "tls.key"));
+    assert_eq!(ca, decode(&ext, "ca.crt"));
+    let filter = format!("POST {}", path("filter"));
+    let answered = |ca: Vec<u8>, cert: Vec<u8>, key: Vec<u8>| {
+        let filter = filter.clone();
+        async move {
+            over_tls(addr, &ca, Some((&cert, &key)), &filter, b"{}")
+                .await
+                .map(|(status, _)| status)
+        }
+    };
+    let status = answered(ca.clone(), client_cert.clone(), client_key.clone()).await?;
+    assert_ne!(status, 403, "the scheduler's certificate was refused");
+
+    // Rotation: the extender's Secret deleted while it runs.
+    assert!(api.delete_object("Secret", NS, "tessera-extender-tls"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let new_sched = loop {
+        let s = secret("tessera-scheduler-tls").unwrap();
+        let written =
+            secret("tessera-extender-tls").is_some_and(|e| e["metadata"]["annotations"][STATE_ANNOTATION] == "written");
+        if written && decode(&s, "ca.crt") != ca {
+            break s;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no new pair after the Secret went"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let new_ca = decode(&new_sched, "ca.crt");
+    // The new pair is served from the next handshake on (the listener's acceptor follows).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let fresh = answered(
+            new_ca.clone(),
+            decode(&new_sched, "tls.crt"),
+            decode(&new_sched, "tls.key"),
+        )
+        .await;
+        if fresh.as_ref().is_ok_and(|s| *s != 403) {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the new pair is not served: {fresh:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The old client certificate: no handshake (its CA is no longer trusted), even when the
+    // caller trusts whatever the server shows.
+    let old = answered(new_ca.clone(), client_cert, client_key).await;
+    assert!(old.is_err(), "the rotated-out client certificate was answered: {old:?}");
+
+    // The older layout (one Secret with the scheduler's key in it) is made again as two.
+    let legacy = secret("tessera-extender-tls").unwrap();
+    assert!(api.delete_object("Secret", NS, "tessera-extender-tls"));
+    let mut data = legacy["data"].clone();
+    data["scheduler.key"] = data["tls.key"].clone();
+    api.create_object(&serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "tessera-extender-tls", "namespace": NS}, "data": data
+    }))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let e = secret("tessera-extender-tls");
+        if e.as_ref().is_some_and(|e| {
+            e["metadata"]["annotations"][STATE_ANNOTATION] == "written" && e["data"].get("scheduler.key").is_none()
+        }) {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the one-Secret layout was kept: {e:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(running);
+    Ok(())
+}
+
 /// A client that connects and trickles (or never sends) its headers, or never finishes its TLS
 /// handshake, is dropped after the listener's limit; at most `connections` are served at
 /// once, so such clients can delay a request but not starve it or grow the extender's

@@ -188,38 +188,62 @@ pub async fn ensure_secret(client: &Client, cfg: &SelfManaged) -> anyhow::Result
     Ok(ServingCert::from_files(&mut files))
 }
 
+/// The certificate a Secret holds as `tls.crt`, `tls.key` and `ca.crt`, when it holds all three.
+pub fn complete(s: &Secret) -> Option<ServingCert> {
+    let d = s.data.as_ref()?;
+    let get = |k: &str| d.get(k).map(|b| b.0.clone()).filter(|b| !b.is_empty());
+    Some(ServingCert {
+        cert: get("tls.crt")?,
+        key: get("tls.key")?,
+        ca: get("ca.crt")?,
+    })
+}
+
 /// Follows the webhook's Secret: `current` gets what it holds whenever that changes; when the
 /// Secret goes (or is incomplete), a new one is made, and the first replica's wins for all.
 /// Runs until `current` has no receiver.
 pub async fn follow_secret(client: Client, cfg: SelfManaged, current: tokio::sync::watch::Sender<ServingCert>) {
-    let api: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
-    let events = watcher::watcher(
-        api,
-        watcher::Config::default().fields(&format!("metadata.name={}", cfg.secret)),
-    )
-    .default_backoff();
+    let (namespace, name) = (cfg.namespace.clone(), cfg.secret.clone());
+    let remake = {
+        let client = client.clone();
+        move || {
+            let (client, cfg) = (client.clone(), cfg.clone());
+            async move { ensure_secret(&client, &cfg).await }
+        }
+    };
+    follow(client, &namespace, &name, complete, remake, current).await
+}
+
+/// Follows the Secret `namespace/name`: `current` gets what `read` finds in it whenever that
+/// changes; when the Secret goes, or `read` finds nothing usable in it, `remake` is awaited
+/// for what to use instead (retried every 2 s while it fails). Runs until `current` has no
+/// receiver.
+pub async fn follow<F>(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    read: impl Fn(&Secret) -> Option<ServingCert>,
+    remake: impl Fn() -> F,
+    current: tokio::sync::watch::Sender<ServingCert>,
+) where
+    F: std::future::Future<Output = anyhow::Result<ServingCert>>,
+{
+    let api: Api<Secret> = Api::namespaced(client, namespace);
+    let events =
+        watcher::watcher(api, watcher::Config::default().fields(&format!("metadata.name={name}"))).default_backoff();
     let mut events = std::pin::pin!(events);
     let mut seen = false;
-    let complete = |s: &Secret| -> Option<ServingCert> {
-        let d = s.data.as_ref()?;
-        let get = |k: &str| d.get(k).map(|b| b.0.clone()).filter(|b| !b.is_empty());
-        Some(ServingCert {
-            cert: get("tls.crt")?,
-            key: get("tls.key")?,
-            ca: get("ca.crt")?,
-        })
-    };
     loop {
         let gone = tokio::select! {
             ev = events.next() => match ev {
                 Some(Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s))) => {
                     seen = true;
-                    match complete(&s) {
+                    match read(&s) {
                         Some(c) => {
                             current.send_if_modified(|old| {
                                 let changed = *old != c;
                                 if changed {
-                                    info!(secret = cfg.secret, "serving the webhook certificate the Secret holds now");
+                                    info!(secret = name, "serving the certificate the Secret holds now");
                                     *old = c;
                                 }
                                 changed
@@ -236,7 +260,7 @@ pub async fn follow_secret(client: Client, cfg: SelfManaged, current: tokio::syn
                 }
                 Some(Ok(watcher::Event::InitDone)) => !seen,
                 Some(Err(e)) => {
-                    warn!(secret = cfg.secret, error = %e, "watching the webhook certificate's Secret");
+                    warn!(secret = name, error = %e, "watching the certificate's Secret");
                     false
                 }
                 None => return,
@@ -245,7 +269,7 @@ pub async fn follow_secret(client: Client, cfg: SelfManaged, current: tokio::syn
         };
         if gone {
             // Made again; another replica may win the creation, and then everyone reads its.
-            match ensure_secret(&client, &cfg).await {
+            match remake().await {
                 Ok(c) => {
                     current.send_if_modified(|old| {
                         let changed = *old != c;
@@ -254,7 +278,7 @@ pub async fn follow_secret(client: Client, cfg: SelfManaged, current: tokio::syn
                     });
                 }
                 Err(e) => {
-                    warn!(secret = cfg.secret, error = %e, "cannot make the webhook certificate's Secret; trying again");
+                    warn!(secret = name, error = %e, "cannot make the certificate's Secret; trying again");
                     tokio::time::sleep(Duration::from_secs(2)).await;
                 }
             }

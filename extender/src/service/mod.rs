@@ -234,21 +234,8 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
                         sm.webhook_configuration.clone(),
                         cert_rx.clone(),
                     )));
-                    let (acceptor_tx, acceptor_rx) = tokio_watch::channel(first);
-                    let mut certs_rx = cert_rx;
-                    tasks.push(tokio::spawn(async move {
-                        while certs_rx.changed().await.is_ok() {
-                            let c = certs_rx.borrow_and_update().clone();
-                            match tls::acceptor_from_pem(&c.cert, &c.key, None) {
-                                Ok(a) => {
-                                    if acceptor_tx.send(a).is_err() {
-                                        return;
-                                    }
-                                }
-                                Err(e) => tracing::warn!(error = %e, "the webhook Secret's certificate is unusable; serving the last one"),
-                            }
-                        }
-                    }));
+                    let (acceptor_rx, task) = acceptors_of(first, cert_rx, false);
+                    tasks.push(task);
                     acceptor_rx
                 }
             };
@@ -286,12 +273,23 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
     });
     let acceptor = match &cfg.tls {
         None => None,
-        Some(VerbTls::Files { cert, key, client_ca }) => {
-            Some((tls::acceptor(cert, key, client_ca.as_deref())?, client_ca.is_some()))
-        }
+        Some(VerbTls::Files { cert, key, client_ca }) => Some((
+            tokio_watch::channel(tls::acceptor(cert, key, client_ca.as_deref())?).1,
+            client_ca.is_some(),
+        )),
         Some(VerbTls::SelfManaged(v)) => {
+            // Followed like the webhook's: a new pair is served from the next handshake on.
             let c = verb_certs::ensure(&service.client, v).await?;
-            Some((tls::acceptor_from_pem(&c.cert, &c.key, Some(&c.ca))?, true))
+            let first = tls::acceptor_from_pem(&c.cert, &c.key, Some(&c.ca))?;
+            let (cert_tx, cert_rx) = tokio_watch::channel(c);
+            tasks.push(tokio::spawn(verb_certs::follow(
+                service.client.clone(),
+                v.clone(),
+                cert_tx,
+            )));
+            let (acceptor_rx, task) = acceptors_of(first, cert_rx, true);
+            tasks.push(task);
+            Some((acceptor_rx, true))
         }
     };
     let verified_only = acceptor.as_ref().is_some_and(|(_, v)| *v);
@@ -303,7 +301,7 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
     }
     let server = tokio::spawn(tls::serve(
         listener,
-        acceptor.map(|(a, _)| tokio_watch::channel(a).1),
+        acceptor.map(|(a, _)| a),
         app,
         cfg.limits,
         stop_rx.clone(),
@@ -327,4 +325,34 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
         stop: Some(stop_tx),
         election,
     })
+}
+
+/// The TLS acceptors of a followed certificate: `first`, then one for each certificate `certs`
+/// gets (that verifies clients against its CA when `verify_clients`); a certificate that
+/// cannot be used is logged and the last one kept.
+fn acceptors_of(
+    first: tokio_rustls::TlsAcceptor,
+    mut certs: tokio_watch::Receiver<tessera_claims::admission::certs::ServingCert>,
+    verify_clients: bool,
+) -> (
+    tokio_watch::Receiver<tokio_rustls::TlsAcceptor>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, rx) = tokio_watch::channel(first);
+    let task = tokio::spawn(async move {
+        while certs.changed().await.is_ok() {
+            let c = certs.borrow_and_update().clone();
+            match tls::acceptor_from_pem(&c.cert, &c.key, verify_clients.then_some(c.ca.as_slice())) {
+                Ok(a) => {
+                    if tx.send(a).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "a followed Secret's certificate is unusable; serving the last one")
+                }
+            }
+        }
+    });
+    (rx, task)
 }

@@ -1,44 +1,180 @@
 //! The verbs' certificates, kept by the extender: one CA signs the extender's serving
 //! certificate (the Service's DNS names) and the scheduler's client certificate, and its key is
-//! dropped. All are stored in one Secret, created by whichever replica starts first: every
-//! replica serves the same certificate and trusts the same client, and the scheduler mounts
-//! only its own files (`ca.crt`, `scheduler.crt`, `scheduler.key`). Deleting the Secret and
-//! restarting the extender and the scheduler rotates them.
+//! dropped. They are kept in two Secrets, each holding one side's key: the extender's
+//! (`tls.crt`, `tls.key` and `ca.crt`, the CA its clients must show) and the scheduler's (its
+//! client certificate and key, and the CA it verifies the extender with). The extender may read
+//! only its own; it writes the scheduler's, never reads it.
+//!
+//! The first replica to create the extender's Secret makes the pair: it creates its Secret
+//! marked `pending`, writes the scheduler's, then marks its own `written`. Every replica serves
+//! only a `written` Secret, follows it ([`follow`]), and makes a new pair when it is deleted;
+//! one left `pending` (its maker died between the two writes) is made again after
+//! [`VerbCerts::pending_grace`]. So deleting the extender's Secret rotates both, with no extender restart
+//! (the scheduler reads its CA file once: it is restarted to trust the new one).
 
-use kube::Client;
-use tessera_claims::admission::certs::{ServingCert, ensure_secret_files, generate_with_clients, service_names};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
-/// The Secret's files: the CA, the extender's certificate and key, the scheduler's.
-pub const FILES: [&str; 5] = ["ca.crt", "tls.crt", "tls.key", SCHEDULER_CERT, SCHEDULER_KEY];
-/// The scheduler's client certificate in the Secret.
-pub const SCHEDULER_CERT: &str = "scheduler.crt";
-/// Its key.
-pub const SCHEDULER_KEY: &str = "scheduler.key";
-/// The client certificate's common name.
+use anyhow::Context as _;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Api, Client};
+use tessera_claims::admission::certs::{ServingCert, complete, generate_with_clients, service_names};
+use tracing::{info, warn};
+
+/// The scheduler's client certificate's common name.
 pub const SCHEDULER_CN: &str = "tessera-scheduler";
+/// On the extender's Secret: `pending` while the scheduler's is being written, then `written`.
+pub const STATE_ANNOTATION: &str = "tessera.io/scheduler-credentials";
+/// How long a `pending` Secret is waited for, by default, before it is made again.
+pub const PENDING_GRACE: Duration = Duration::from_secs(30);
 
 /// Where the certificates live.
 #[derive(Debug, Clone)]
 pub struct VerbCerts {
-    /// The Secret's namespace (the extender's).
+    /// The Secrets' namespace (the extender's).
     pub namespace: String,
-    /// The Secret.
+    /// The extender's Secret.
     pub secret: String,
+    /// The scheduler's Secret (written, never read, by the extender).
+    pub scheduler_secret: String,
     /// The extender's Service (the serving certificate is for its DNS names).
     pub service: String,
+    /// How long a `pending` Secret is waited for before it is made again ([`PENDING_GRACE`]).
+    pub pending_grace: Duration,
 }
 
-/// The extender's serving certificate, key and the CA (which signed the scheduler's client
-/// certificate too), creating the Secret when there is none.
+/// The extender's certificate, key and client CA, when its Secret holds them and the
+/// scheduler's Secret was written to match.
+pub fn usable(s: &Secret) -> Option<ServingCert> {
+    let state = s.metadata.annotations.as_ref()?.get(STATE_ANNOTATION)?;
+    if state != "written" {
+        return None;
+    }
+    complete(s)
+}
+
+fn secret(namespace: &str, name: &str, cert: ServingCert, state: Option<&str>) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/part-of".to_string(),
+                "tessera".to_string(),
+            )])),
+            annotations: state.map(|s| BTreeMap::from([(STATE_ANNOTATION.to_string(), s.to_string())])),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(cert.into_files().into_iter().map(|(k, v)| (k, ByteString(v))).collect()),
+        ..Default::default()
+    }
+}
+
+/// The extender's serving certificate, key and client CA, making a new pair (and both
+/// Secrets) when there is none, or only a stale or half-made one.
 pub async fn ensure(client: &Client, v: &VerbCerts) -> anyhow::Result<ServingCert> {
-    let mut files = ensure_secret_files(client, &v.namespace, &v.secret, &FILES, || {
+    let api: Api<Secret> = Api::namespaced(client.clone(), &v.namespace);
+    let what = || format!("Secret {}/{}", v.namespace, v.secret);
+    // A pending Secret, by resource version, and since when this replica has seen it so.
+    let mut pending: Option<(String, Instant)> = None;
+    let deadline = Instant::now() + v.pending_grace * 3;
+    while Instant::now() < deadline {
+        if let Some(s) = api.get_opt(&v.secret).await.with_context(what)? {
+            if let Some(c) = usable(&s) {
+                return Ok(c);
+            }
+            let version = s.metadata.resource_version.clone().unwrap_or_default();
+            let marked = s.metadata.annotations.as_ref().and_then(|a| a.get(STATE_ANNOTATION));
+            let waiting = match &pending {
+                Some((seen, since)) if *seen == version => since.elapsed() < v.pending_grace,
+                _ => {
+                    pending = Some((version.clone(), Instant::now()));
+                    true
+                }
+            };
+            if marked.is_some_and(|m| m == "pending") && waiting {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            // Half-made and abandoned, or of an older layout (one Secret with both keys), or
+            // incomplete: made again. Only the version read is deleted.
+            warn!(secret = what(), state = ?marked, "replacing the verbs' certificates");
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: Some(version),
+                    uid: s.metadata.uid.clone(),
+                }),
+                ..Default::default()
+            };
+            match api.delete(&v.secret, &dp).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(e) => return Err(e).with_context(|| format!("deleting {}", what())),
+            }
+            continue;
+        }
         let (serving, clients) = generate_with_clients(service_names(&v.service, &v.namespace), &[SCHEDULER_CN])?;
         let scheduler = clients.into_iter().next().expect("one client asked for");
-        let mut files = serving.into_files();
-        files.insert(SCHEDULER_CERT.to_string(), scheduler.cert);
-        files.insert(SCHEDULER_KEY.to_string(), scheduler.key);
-        Ok(files)
-    })
-    .await?;
-    Ok(ServingCert::from_files(&mut files))
+        match api
+            .create(
+                &PostParams::default(),
+                &secret(&v.namespace, &v.secret, serving.clone(), Some("pending")),
+            )
+            .await
+        {
+            Ok(_) => {}
+            // Another replica makes the pair.
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(e).with_context(|| format!("creating {}", what())),
+        }
+        if let Err(e) = write_scheduler_secret(&api, v, scheduler).await {
+            // Let the next try make a whole pair.
+            let _ = api.delete(&v.secret, &DeleteParams::default()).await;
+            return Err(e);
+        }
+        let written = serde_json::json!({"metadata": {"annotations": {STATE_ANNOTATION: "written"}}});
+        api.patch(&v.secret, &PatchParams::default(), &Patch::Merge(&written))
+            .await
+            .with_context(|| format!("marking {} written", what()))?;
+        info!(
+            secret = what(),
+            scheduler = v.scheduler_secret,
+            "made the verbs' certificates"
+        );
+        return Ok(serving);
+    }
+    anyhow::bail!("{} stayed half-made for {:?}", what(), v.pending_grace * 3)
+}
+
+/// Creates the scheduler's Secret, or replaces one there (not read: its key is not the
+/// extender's to see).
+async fn write_scheduler_secret(api: &Api<Secret>, v: &VerbCerts, cert: ServingCert) -> anyhow::Result<()> {
+    let what = || format!("Secret {}/{}", v.namespace, v.scheduler_secret);
+    let s = secret(&v.namespace, &v.scheduler_secret, cert, None);
+    match api.create(&PostParams::default(), &s).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => api
+            .replace(&v.scheduler_secret, &PostParams::default(), &s)
+            .await
+            .map(|_| ())
+            .with_context(|| format!("replacing {}", what())),
+        Err(e) => Err(e).with_context(|| format!("creating {}", what())),
+    }
+}
+
+/// Follows the extender's Secret: `current` gets what it holds whenever that changes; a new
+/// pair is made when it goes. Runs until `current` has no receiver.
+pub async fn follow(client: Client, v: VerbCerts, current: tokio::sync::watch::Sender<ServingCert>) {
+    let (namespace, name) = (v.namespace.clone(), v.secret.clone());
+    let remake = {
+        let client = client.clone();
+        move || {
+            let (client, v) = (client.clone(), v.clone());
+            async move { ensure(&client, &v).await }
+        }
+    };
+    tessera_claims::admission::certs::follow(client, &namespace, &name, usable, remake, current).await
 }
