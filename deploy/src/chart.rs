@@ -1,8 +1,8 @@
 //! The Helm chart: the same typed objects as [`render`](crate::render), with
 //! `tessera-manifests`' flags as the chart's values. A value is rendered as a sentinel and the
 //! sentinel replaced with its template expression; an object that changes with a choice
-//! (share enforcement, DRA, a driver root or none) is rendered for every choice and wrapped in
-//! the condition under which each of its texts applies. So the chart cannot say anything the
+//! (share enforcement, DRA, a driver root or none, exclusive-process mode) is rendered for
+//! every choice, and each part that differs is put under the condition for which it applies. So the chart cannot say anything the
 //! renderer does not (`deploy/tests/helm.rs` compares `helm template` with [`objects`] for
 //! every choice).
 
@@ -29,7 +29,11 @@ struct Choice {
     share_enforcement: ShareEnforcement,
     dra: bool,
     driver_root: bool,
+    exclusive_process: bool,
 }
+
+/// How many dimensions a [`Choice`] has.
+const DIMENSIONS: usize = 4;
 
 const ENFORCEMENTS: [ShareEnforcement; 3] = [ShareEnforcement::Mps, ShareEnforcement::Hook, ShareEnforcement::None];
 
@@ -39,11 +43,18 @@ impl Choice {
         for share_enforcement in ENFORCEMENTS {
             for dra in [false, true] {
                 for driver_root in [false, true] {
-                    out.push(Choice {
-                        share_enforcement,
-                        dra,
-                        driver_root,
-                    });
+                    for exclusive_process in [false, true] {
+                        // Exclusive-process mode is MPS's alone (the schema says so).
+                        if exclusive_process && share_enforcement != ShareEnforcement::Mps {
+                            continue;
+                        }
+                        out.push(Choice {
+                            share_enforcement,
+                            dra,
+                            driver_root,
+                            exclusive_process,
+                        });
+                    }
                 }
             }
         }
@@ -62,19 +73,26 @@ impl Choice {
             nri_socket: "/x-helm-nri-dir-x/x-helm-nri-name-x".into(),
             cdi_dir: "/x-helm-cdi-dir-x".into(),
             dra: self.dra,
+            exclusive_process: self.exclusive_process,
             ..ManifestOptions::default()
         }
     }
 
-    /// The value of dimension `d` (0: share enforcement, 1: DRA, 2: driver root), as a
-    /// template condition.
+    /// The value of dimension `d` (0: share enforcement, 1: DRA, 2: driver root, 3:
+    /// exclusive-process mode), as a template condition.
     fn atom(self, d: usize) -> String {
+        let flag = |on: bool, value: &str| {
+            if on {
+                format!(".Values.{value}")
+            } else {
+                format!("(not .Values.{value})")
+            }
+        };
         match d {
             0 => format!("(eq .Values.shareEnforcement \"{}\")", self.share_enforcement),
-            1 if self.dra => ".Values.dra".into(),
-            1 => "(not .Values.dra)".into(),
-            _ if self.driver_root => ".Values.driverRoot".into(),
-            _ => "(not .Values.driverRoot)".into(),
+            1 => flag(self.dra, "dra"),
+            2 => flag(self.driver_root, "driverRoot"),
+            _ => flag(self.exclusive_process, "exclusiveProcess"),
         }
     }
 
@@ -83,8 +101,9 @@ impl Choice {
             self.share_enforcement == other.share_enforcement,
             self.dra == other.dra,
             self.driver_root == other.driver_root,
+            self.exclusive_process == other.exclusive_process,
         ];
-        !same[d] && (0..3).all(|i| i == d || same[i])
+        !same[d] && (0..DIMENSIONS).all(|i| i == d || same[i])
     }
 }
 
@@ -208,7 +227,7 @@ fn build(values: &[Option<&serde_json::Value>], within: &Set) -> Tree {
 /// `set`: over the dimensions that tell them apart there.
 fn condition(choices: &[Choice], set: &Set, within: &Set) -> String {
     let inside: Vec<usize> = (0..choices.len()).filter(|&i| within[i]).collect();
-    let relevant: Vec<usize> = (0..3)
+    let relevant: Vec<usize> = (0..DIMENSIONS)
         .filter(|&d| {
             inside.iter().any(|&a| {
                 inside
@@ -426,6 +445,9 @@ nriSocket: {nri}
 cdiDir: {cdi}
 # Also install Tessera as a DRA driver (Kubernetes 1.34+).
 dra: {dra}
+# With shareEnforcement mps: put the cards MPS serves in exclusive-process compute mode, so a
+# process that goes around MPS is refused the card (costs: docs/operations.md).
+exclusiveProcess: {exclusive}
 ",
         image = d.image,
         scheduler_image = d.scheduler_image,
@@ -435,6 +457,7 @@ dra: {dra}
         nri = d.nri_socket,
         cdi = d.cdi_dir,
         dra = d.dra,
+        exclusive = d.exclusive_process,
     )
 }
 
@@ -450,7 +473,10 @@ fn values_schema() -> String {
         "title": "Tessera chart values (tessera-manifests' flags)",
         "type": "object",
         "additionalProperties": false,
-        "required": ["image", "schedulerImage", "replicas", "driverRoot", "shareEnforcement", "nriSocket", "cdiDir", "dra"],
+        "required": ["image", "schedulerImage", "replicas", "driverRoot", "shareEnforcement", "nriSocket", "cdiDir", "dra", "exclusiveProcess"],
+        // Exclusive-process mode only with MPS.
+        "if": {"properties": {"exclusiveProcess": {"const": true}}},
+        "then": {"properties": {"shareEnforcement": {"const": "mps", "description": "exclusiveProcess needs shareEnforcement mps"}}},
         "properties": {
             "image": {"type": "string", "pattern": format!("^[a-z0-9]{WORD}*$"), "description": "The Tessera image"},
             "schedulerImage": {"type": "string", "pattern": format!("^[a-z0-9]{WORD}*$"), "description": "The kube-scheduler image of the tessera scheduler"},
@@ -459,7 +485,8 @@ fn values_schema() -> String {
             "shareEnforcement": {"enum": ENFORCEMENTS.iter().map(|e| e.to_string()).collect::<Vec<_>>(), "description": "mps, hook or none"},
             "nriSocket": {"type": "string", "pattern": format!("^/{WORD}*{LAST}$"), "description": "The runtime's NRI socket (an absolute path)"},
             "cdiDir": {"type": "string", "pattern": path, "description": "Where the runtime reads CDI specs (an absolute path)"},
-            "dra": {"type": "boolean", "description": "Also install Tessera as a DRA driver (Kubernetes 1.34+)"}
+            "dra": {"type": "boolean", "description": "Also install Tessera as a DRA driver (Kubernetes 1.34+)"},
+            "exclusiveProcess": {"type": "boolean", "description": "With MPS: the cards MPS serves in exclusive-process compute mode"}
         }
     });
     serde_json::to_string_pretty(&schema).expect("schema serializes") + "\n"

@@ -48,6 +48,9 @@ pub struct ManifestOptions {
     /// Also install Tessera as a DRA driver (Kubernetes 1.34+): DeviceClasses, the node
     /// agents' DRA rights and the DRA kubelet plugin in the node DaemonSet.
     pub dra: bool,
+    /// With MPS: put the cards MPS serves in exclusive-process compute mode, so a process that
+    /// goes around MPS is refused the card (`tessera-mps-supervisor run --exclusive-process`).
+    pub exclusive_process: bool,
 }
 
 impl Default for ManifestOptions {
@@ -64,6 +67,7 @@ impl Default for ManifestOptions {
             nri_socket: "/var/run/nri/nri.sock".into(),
             cdi_dir: "/var/run/cdi".into(),
             dra: false,
+            exclusive_process: false,
         }
     }
 }
@@ -803,31 +807,41 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                             ],
                         )
                     }))
-                    .chain((opts.share_enforcement == ShareEnforcement::Mps).then(|| Container {
-                        // One MPS control daemon per shareable card, from the node's driver;
-                        // the GPU's compute mode is left as it is.
-                        readiness_probe: Some(Probe {
-                            exec: Some(ExecAction {
-                                command: Some(vec!["tessera-mps-supervisor".into(), "status".into()]),
+                    .chain((opts.share_enforcement == ShareEnforcement::Mps).then(|| {
+                        Container {
+                            // One MPS control daemon per shareable card, from the node's driver;
+                            // the GPU's compute mode is left as it is unless asked.
+                            readiness_probe: Some(Probe {
+                                exec: Some(ExecAction {
+                                    command: Some(vec!["tessera-mps-supervisor".into(), "status".into()]),
+                                }),
+                                period_seconds: Some(10),
+                                ..Default::default()
                             }),
-                            period_seconds: Some(10),
-                            ..Default::default()
-                        }),
-                        ..container(
-                            "mps-supervisor",
-                            "tessera-mps-supervisor",
-                            [vec!["run".into()], node_args.clone()].concat(),
-                            vec![
-                                mount("dev", "/dev", false),
-                                host_root_mount.clone(),
-                                // Bidirectional: each card's shm tmpfs, mounted here, is what
-                                // the runtime binds into the card's share containers.
-                                VolumeMount {
-                                    mount_propagation: Some("Bidirectional".into()),
-                                    ..mount("mps", DEFAULT_MPS_ROOT, false)
-                                },
-                            ],
-                        )
+                            ..container(
+                                "mps-supervisor",
+                                "tessera-mps-supervisor",
+                                [
+                                    vec!["run".into()],
+                                    node_args.clone(),
+                                    opts.exclusive_process
+                                        .then(|| "--exclusive-process".to_string())
+                                        .into_iter()
+                                        .collect(),
+                                ]
+                                .concat(),
+                                vec![
+                                    mount("dev", "/dev", false),
+                                    host_root_mount.clone(),
+                                    // Bidirectional: each card's shm tmpfs, mounted here, is what
+                                    // the runtime binds into the card's share containers.
+                                    VolumeMount {
+                                        mount_propagation: Some("Bidirectional".into()),
+                                        ..mount("mps", DEFAULT_MPS_ROOT, false)
+                                    },
+                                ],
+                            )
+                        }
                     }))
                     .collect(),
                     volumes: Some(

@@ -40,6 +40,10 @@ struct ManifestArgs {
     /// agents' DRA rights and the DRA kubelet plugin.
     #[arg(long)]
     dra: bool,
+    /// With `--share-enforcement mps`: put the cards MPS serves in exclusive-process compute
+    /// mode, so a process that goes around MPS is refused the card (costs: docs/operations.md).
+    #[arg(long)]
+    exclusive_process: bool,
     /// Print only the KubeSchedulerConfiguration.
     #[arg(long)]
     scheduler_config: bool,
@@ -96,6 +100,11 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
         "--nri-socket={:?}: must name the socket, not its directory",
         args.nri_socket
     );
+    anyhow::ensure!(
+        !args.exclusive_process || args.share_enforcement == tessera_core::enforcement::ShareEnforcement::Mps,
+        "--exclusive-process: only with --share-enforcement mps (was {})",
+        args.share_enforcement
+    );
     let opts = ManifestOptions {
         namespace: args.namespace,
         image: args.image.unwrap_or(d.image),
@@ -106,6 +115,7 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
         nri_socket: args.nri_socket,
         cdi_dir: args.cdi_dir,
         dra: args.dra,
+        exclusive_process: args.exclusive_process,
         ..d
     };
     if let Some(dir) = &args.helm_chart {

@@ -36,6 +36,10 @@ fn manifests_refuse_nonsense_naming_the_flag() {
             "must name the socket, not its directory",
         ),
         (
+            &["--exclusive-process", "--share-enforcement", "hook"][..],
+            "--exclusive-process: only with --share-enforcement mps (was hook)",
+        ),
+        (
             &["--cdi-dir", "etc/cdi"][..],
             "--cdi-dir=\"etc/cdi\": must be an absolute host path",
         ),

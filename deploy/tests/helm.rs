@@ -40,8 +40,8 @@ fn template(namespace: &str, set: &[(&str, String)]) -> Result<String, String> {
         )
         .env("HELM_DATA_HOME", std::env::temp_dir().join("tessera-helm-test/data"));
     for (k, v) in set {
-        // Strings as strings; replicas and dra as what they are.
-        let flag = if matches!(*k, "replicas" | "dra") {
+        // Strings as strings; numbers and booleans as what they are.
+        let flag = if matches!(*k, "replicas" | "dra" | "exclusiveProcess") {
             "--set"
         } else {
             "--set-string"
@@ -82,8 +82,18 @@ fn the_chart_renders_what_the_renderer_does_under_every_choice() {
 
     let mut compared = 0;
     for share_enforcement in [ShareEnforcement::Mps, ShareEnforcement::Hook, ShareEnforcement::None] {
-        for dra in [false, true] {
-            for driver_root in [None, Some("/run/nvidia/driver")] {
+        for (dra, driver_root, exclusive_process) in [
+            (false, None, false),
+            (false, Some("/run/nvidia/driver"), false),
+            (true, None, false),
+            (true, Some("/run/nvidia/driver"), false),
+            (false, None, true),
+            (true, Some("/run/nvidia/driver"), true),
+        ] {
+            if exclusive_process && share_enforcement != ShareEnforcement::Mps {
+                continue;
+            }
+            {
                 let opts = ManifestOptions {
                     namespace: "gpu-sharing".into(),
                     image: "registry.example.com:5000/tessera:dev".into(),
@@ -94,6 +104,7 @@ fn the_chart_renders_what_the_renderer_does_under_every_choice() {
                     nri_socket: "/run/containerd/nri/nri.sock".into(),
                     cdi_dir: "/etc/cdi".into(),
                     dra,
+                    exclusive_process,
                     ..ManifestOptions::default()
                 };
                 let set = [
@@ -105,6 +116,7 @@ fn the_chart_renders_what_the_renderer_does_under_every_choice() {
                     ("nriSocket", opts.nri_socket.clone()),
                     ("cdiDir", opts.cdi_dir.clone()),
                     ("dra", dra.to_string()),
+                    ("exclusiveProcess", exclusive_process.to_string()),
                 ];
                 let chart = parse(&template(&opts.namespace, &set).unwrap());
                 let want = sorted(objects(&opts));
@@ -116,11 +128,23 @@ fn the_chart_renders_what_the_renderer_does_under_every_choice() {
             }
         }
     }
-    assert_eq!(compared, 12);
+    assert_eq!(compared, 14);
 }
 
 #[test]
 fn helm_refuses_bad_values_naming_them() {
+    // Exclusive-process mode without MPS: refused, naming both.
+    let out = Command::new(helm())
+        .args(["template", "tessera"])
+        .arg(root().join("deploy/chart/tessera"))
+        .args(["--set", "exclusiveProcess=true", "--set", "shareEnforcement=hook"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("shareEnforcement") && err.contains("mps"),
+        "{err}"
+    );
     for (key, value, flag) in [
         ("shareEnforcement", "nope", "--set-string"),
         ("replicas", "0", "--set"),
@@ -132,6 +156,7 @@ fn helm_refuses_bad_values_naming_them() {
         ("schedulerImage", "a b", "--set-string"),
         ("dra", "yes", "--set-string"),
         ("imagee", "x", "--set-string"),
+        ("exclusiveProcess", "1", "--set-string"),
     ] {
         let out = Command::new(helm())
             .args(["template", "tessera"])

@@ -2,9 +2,10 @@
 //! per card that can host shares, run from the node's own driver, each with its own pipe, log
 //! and shm directories ([`tessera_core::enforcement::MpsLayout`]), restarted with backoff when
 //! it dies and stopped cleanly. The GPU's compute mode is left as it is (MPS runs in Default
-//! mode).
+//! mode) unless the node asks for exclusive-process mode ([`compute_mode`]).
 
 pub mod card_dirs;
+pub mod compute_mode;
 pub mod control;
 pub mod leftover;
 pub mod namespace;

@@ -73,6 +73,15 @@ struct RunArgs {
     /// and share it with the card's MPS server).
     #[arg(long, default_value_t = DEFAULT_SHM_MIB, value_parser = clap::value_parser!(u64).range(16..=1 << 20))]
     shm_mib: u64,
+    /// Put each card MPS serves in exclusive-process compute mode while its daemon runs (set
+    /// back to default when the card stops hosting shares): a CUDA process that goes around
+    /// MPS is refused the card. Needs root on the host; costs every context on the card
+    /// outside MPS (docs/operations.md).
+    #[arg(long)]
+    exclusive_process: bool,
+    /// nvidia-smi to set compute modes with instead of the driver's (tests use a fake).
+    #[arg(long, requires = "exclusive_process")]
+    nvidia_smi: Option<PathBuf>,
 }
 
 /// Cards that can host shares: healthy and not in MIG mode.
@@ -110,6 +119,32 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         binaries,
         std::env::current_exe().context("locating this program")?,
     );
+    if args.exclusive_process {
+        let nvidia_smi = match &args.nvidia_smi {
+            Some(p) => p.clone(),
+            None => {
+                let driver = nvml.driver();
+                let found = driver
+                    .files
+                    .iter()
+                    .find(|f| f.kind == tessera_core::driver::DriverFileKind::Binary && f.name() == "nvidia-smi")
+                    .map(|f| driver.host_path(f));
+                let h = found.with_context(|| {
+                    format!(
+                        "--exclusive-process: no nvidia-smi under driver root {} (--nvidia-smi names one)",
+                        driver.root.display()
+                    )
+                })?;
+                args.host_root.join(h.strip_prefix("/").unwrap_or(&h))
+            }
+        };
+        info!(nvidia_smi = %nvidia_smi.display(), "cards MPS serves are put in exclusive-process mode");
+        config.compute_modes = Some(tessera_mps::compute_mode::ComputeModes {
+            nvidia_smi,
+            library_dirs: config.binaries.library_dirs.clone(),
+            timeout: Duration::from_secs(30),
+        });
+    }
     config.check_every = Duration::from_secs(args.check_secs.max(1));
     config.shm_mib = args.shm_mib;
     config.backoff = Backoff {

@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use tessera_core::enforcement::{DaemonPhase, MpsCeiling, MpsLayout, MpsState, unix_secs};
+
+use crate::compute_mode::{self, ComputeModes};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
@@ -75,6 +77,9 @@ pub struct SupervisorConfig {
     pub backoff: Backoff,
     /// Size of each card's shm tmpfs, MiB.
     pub shm_mib: u64,
+    /// Put each card in exclusive-process compute mode while its daemon runs (`None`: the
+    /// mode is left as it is).
+    pub compute_modes: Option<ComputeModes>,
 }
 
 /// Default size of each card's shm tmpfs: what the card's clients and server share in all.
@@ -94,6 +99,7 @@ impl SupervisorConfig {
             stop_timeout: Duration::from_secs(10),
             backoff: Backoff::default(),
             shm_mib: DEFAULT_SHM_MIB,
+            compute_modes: None,
         }
     }
 }
@@ -126,6 +132,18 @@ impl Supervisor {
             if let Some(card) = self.cards.remove(&uuid) {
                 info!(uuid, "card no longer hosts shares: stopping its MPS daemon");
                 stop_card(card).await;
+            }
+        }
+        // A card an earlier supervisor left exclusive, that hosts no shares now.
+        if let Some(modes) = &self.config.compute_modes {
+            for uuid in self.config.layout.cards() {
+                let leftover = compute_mode::marker(&self.config.layout, &uuid).exists();
+                if leftover && !uuids.contains(&uuid) && !self.cards.contains_key(&uuid) {
+                    match modes.release(&self.config.layout, &uuid).await {
+                        Ok(()) => info!(uuid, "card left in exclusive-process mode: set back to default"),
+                        Err(e) => warn!(uuid, error = e, "cannot set the card back to default compute mode"),
+                    }
+                }
             }
         }
         for uuid in uuids {
@@ -282,16 +300,28 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
         if prepared.is_ok() {
             stop_leftover(&config, &uuid).await;
         }
-        let ended = match prepared.and_then(|()| spawn(&config, &uuid, &last)) {
-            Ok((child, heard)) => {
-                state.pid = child.id();
-                write(&config, &uuid, &state);
-                info!(uuid, pid = state.pid, restarts, "MPS daemon started");
-                run(&config, &uuid, (child, heard), &mut state, &mut stop, &last).await
-            }
+        // Exclusive before the daemon starts, or no daemon: a share's limits must not hold
+        // only for processes that choose MPS.
+        let exclusive = match &config.compute_modes {
+            Some(modes) if prepared.is_ok() => modes.make_exclusive(&config.layout, &uuid).await,
+            _ => Ok(()),
+        };
+        let ended = match exclusive {
             Err(e) => Ended::Failed {
-                reason: format!("cannot start: {e}"),
+                reason: format!("cannot put the card in exclusive-process mode: {e}"),
                 ready_for: Duration::ZERO,
+            },
+            Ok(()) => match prepared.and_then(|()| spawn(&config, &uuid, &last)) {
+                Ok((child, heard)) => {
+                    state.pid = child.id();
+                    write(&config, &uuid, &state);
+                    info!(uuid, pid = state.pid, restarts, "MPS daemon started");
+                    run(&config, &uuid, (child, heard), &mut state, &mut stop, &last).await
+                }
+                Err(e) => Ended::Failed {
+                    reason: format!("cannot start: {e}"),
+                    ready_for: Duration::ZERO,
+                },
             },
         };
         if let Err(e) = crate::card_dirs::withdraw(&config.layout, &uuid) {
@@ -302,6 +332,7 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
                 if let Err(e) = crate::card_dirs::unmount_shm(&config.layout.shm_dir(&uuid)) {
                     warn!(uuid, error = %e, "cannot unmount the card's shm");
                 }
+                release(&config, &uuid).await;
                 return;
             }
             Ended::Failed { reason, ready_for } => (reason, ready_for),
@@ -335,10 +366,21 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
                 if let Err(e) = crate::card_dirs::unmount_shm(&config.layout.shm_dir(&uuid)) {
                     warn!(uuid, error = %e, "cannot unmount the card's shm");
                 }
+                release(&config, &uuid).await;
                 return;
             }
             _ = tokio::time::sleep(delay) => {}
         }
+    }
+}
+
+/// Sets a card whose daemon is stopped for good back to default compute mode, when Tessera
+/// made it exclusive.
+async fn release(config: &SupervisorConfig, uuid: &str) {
+    if let Some(modes) = &config.compute_modes
+        && let Err(e) = modes.release(&config.layout, uuid).await
+    {
+        warn!(uuid, error = e, "cannot set the card back to default compute mode");
     }
 }
 

@@ -35,25 +35,21 @@ impl Running {
 
     /// With health checks every `check_secs`.
     fn start_checking(root: &Path, fixture: &str, b: Branch, check_secs: u32) -> Self {
+        let mut args: Vec<std::ffi::OsString> = vec!["--control-binary".into(), control(b).into()];
+        args.extend(["--check-secs".into(), check_secs.to_string().into()]);
+        Self::start_with(root, fixture, &args)
+    }
+
+    /// With `args` added to the fixture, backoff, shm size and MPS root.
+    fn start_with(root: &Path, fixture: &str, args: &[std::ffi::OsString]) -> Self {
         let log = root.join(format!(
             "supervisor-{}.log",
             std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos()
         ));
         let layout = MpsLayout::new(root.join("mps"));
         let child = Command::new(BIN)
-            .args([
-                "run",
-                "--fixture",
-                fixture,
-                "--check-secs",
-                &check_secs.to_string(),
-                "--backoff-ms",
-                "200",
-                "--shm-mib",
-                "64",
-                "--control-binary",
-            ])
-            .arg(control(b))
+            .args(["run", "--fixture", fixture, "--backoff-ms", "200", "--shm-mib", "64"])
+            .args(args)
             .arg("--mps-root")
             .arg(&layout.root)
             .stdout(Stdio::null())
@@ -624,5 +620,167 @@ fn an_unreadable_fixture_is_refused_at_start() {
     assert!(
         stderr.contains("--fixture h100x9: cannot read fixture h100x9") && stderr.contains("h100x8"),
         "{stderr}"
+    );
+}
+
+/// A fake `nvidia-smi` (the real one needs a GPU to set a mode) that logs each call with
+/// whether the card's daemon was running then, and fails while `fail` exists in `dir`.
+fn fake_nvidia_smi(dir: &Path, layout: &MpsLayout, cards: &[String]) -> PathBuf {
+    let mut cases = String::new();
+    for u in cards {
+        cases.push_str(&format!(
+            "  {u}) [ -S '{}' ] && state=daemon-running || state=no-daemon ;;\n",
+            layout.pipe_dir(u).join("control").display()
+        ));
+    }
+    let script = format!(
+        "#!/bin/sh\nstate=unknown\ncase \"$2\" in\n{cases}esac\n\
+         if [ -e '{d}/fail' ]; then echo 'Insufficient Permissions'; exit 4; fi\n\
+         echo \"$* $state\" >> '{d}/calls'\n",
+        d = dir.display()
+    );
+    let path = dir.join("nvidia-smi");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// With `--exclusive-process`, each card MPS serves is put in exclusive-process mode before
+/// its daemon starts, and set back to default when it stops hosting shares or the supervisor
+/// stops; a card whose mode cannot be set gets no daemon (and says why) until it can; a card
+/// an earlier supervisor left exclusive is set back when the next one starts.
+#[test]
+fn exclusive_process_mode_holds_while_a_card_serves_mps() {
+    let dir = tempfile::tempdir().unwrap();
+    let cards = uuids("t4x2");
+    let fixture = dir.path().join("node.yaml");
+    let whole =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/fixtures/t4x2.yaml")).unwrap();
+    // The node without its second card (everything from that card's entry to the driver files).
+    let (head, rest) = whole.split_at(whole.find("  - index: 1").unwrap());
+    let one_card = format!("{head}{}", &rest[rest.find("driver_files:").unwrap()..]);
+    std::fs::write(&fixture, &whole).unwrap();
+    let layout = MpsLayout::new(dir.path().join("mps"));
+    let smi = fake_nvidia_smi(dir.path(), &layout, &cards);
+    let calls = || std::fs::read_to_string(dir.path().join("calls")).unwrap_or_default();
+    let args: Vec<std::ffi::OsString> = vec![
+        "--control-binary".into(),
+        control(Branch::R535).into(),
+        "--inventory-secs".into(),
+        "1".into(),
+        "--exclusive-process".into(),
+        "--nvidia-smi".into(),
+        smi.clone().into(),
+    ];
+    let s = Running::start_with(dir.path(), fixture.to_str().unwrap(), &args);
+    s.wait("both daemons ready", Duration::from_secs(20), |s| {
+        cards.iter().all(|u| s.ready(u))
+    });
+    for u in &cards {
+        assert!(
+            calls().contains(&format!("-i {u} -c EXCLUSIVE_PROCESS no-daemon")),
+            "{}",
+            calls()
+        );
+        assert!(tessera_mps::compute_mode::marker(&layout, u).exists());
+    }
+    // The second card leaves: its daemon stops and the card is set back; the first is kept.
+    std::fs::write(&fixture, &one_card).unwrap();
+    s.wait("the second card set back", Duration::from_secs(20), |_| {
+        calls().contains(&format!("-i {} -c DEFAULT", cards[1]))
+    });
+    assert!(!tessera_mps::compute_mode::marker(&layout, &cards[1]).exists());
+    assert!(!calls().contains(&format!("-i {} -c DEFAULT", cards[0])), "{}", calls());
+    assert!(s.ready(&cards[0]));
+    // It comes back while its mode cannot be set: no daemon, the reason in its state.
+    std::fs::write(dir.path().join("fail"), "").unwrap();
+    std::fs::write(&fixture, &whole).unwrap();
+    s.wait("the failure recorded", Duration::from_secs(20), |s| {
+        s.state(&cards[1])
+            .and_then(|st| st.reason)
+            .is_some_and(|r| r.contains("exclusive-process mode") && r.contains("Insufficient Permissions"))
+    });
+    assert!(!s.ready(&cards[1]));
+    assert_eq!(
+        lock_holder(&layout.pipe_dir(&cards[1])),
+        None,
+        "a daemon started on a card not exclusive; calls:
+{}
+log:
+{}",
+        calls(),
+        s.log()
+    );
+    let (code, text) = s.status();
+    assert_ne!(code, 0, "{text}");
+    // Once it can, the card serves again.
+    std::fs::remove_file(dir.path().join("fail")).unwrap();
+    s.wait("the second daemon ready", Duration::from_secs(20), |s| {
+        s.ready(&cards[1])
+    });
+    // A clean stop sets every card back.
+    let (status, log) = s.terminate();
+    assert!(status.success(), "{log}");
+    for u in &cards {
+        assert_eq!(
+            calls().matches(&format!("-i {u} -c DEFAULT")).count(),
+            if *u == cards[1] { 2 } else { 1 },
+            "{}",
+            calls()
+        );
+        assert!(!tessera_mps::compute_mode::marker(&layout, u).exists());
+    }
+    // A card left exclusive by a supervisor that died (its marker still there) and hosting
+    // no shares now is set back at the next start.
+    std::fs::write(&fixture, &one_card).unwrap();
+    std::fs::write(tessera_mps::compute_mode::marker(&layout, &cards[1]), "").unwrap();
+    let before = calls().matches(&format!("-i {} -c DEFAULT", cards[1])).count();
+    let s = Running::start_with(dir.path(), fixture.to_str().unwrap(), &args);
+    s.wait("the leftover set back", Duration::from_secs(20), |_| {
+        calls().matches(&format!("-i {} -c DEFAULT", cards[1])).count() > before
+    });
+    assert!(!tessera_mps::compute_mode::marker(&layout, &cards[1]).exists());
+}
+
+/// With the real 535 `nvidia-smi` and no GPU: the supervisor finds it among the driver's files
+/// (as it finds the MPS programs), runs it with the driver's libraries, and when it fails, as it
+/// must without a driver, starts no daemon on the card and records the driver's words. The
+/// real binary documents the call the fake above takes (`-i`, `-c DEFAULT|EXCLUSIVE_PROCESS`).
+#[test]
+fn the_real_nvidia_smi_is_found_and_its_failure_keeps_the_daemon_down() {
+    let us = Userspace::get().unwrap();
+    for b in [Branch::R535, Branch::R550] {
+        let help = Command::new(us.packages(b).join("usr/lib/nvidia/current/nvidia-smi"))
+            .arg("-h")
+            .env("LD_LIBRARY_PATH", us.library_dir(b))
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&help.stdout);
+        for want in [
+            "-i,   --id=",
+            "-c,   --compute-mode=",
+            "0/DEFAULT",
+            "3/EXCLUSIVE_PROCESS",
+        ] {
+            assert!(help.contains(want), "{b:?} nvidia-smi -h lacks {want:?}:\n{help}");
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = us.root(Branch::R535, tessera_tests::nvidia::Layout::Distro);
+    let args: Vec<std::ffi::OsString> = vec!["--host-root".into(), root.into(), "--exclusive-process".into()];
+    let s = Running::start_with(dir.path(), "t4x2", &args);
+    let card = &uuids("t4x2")[0];
+    s.wait("the refusal recorded", Duration::from_secs(30), |s| {
+        s.state(card).and_then(|st| st.reason).is_some_and(|r| {
+            r.contains("nvidia-smi -i")
+                && r.contains("-c EXCLUSIVE_PROCESS")
+                && r.contains("couldn't communicate with the NVIDIA driver")
+        })
+    });
+    assert!(!s.ready(card));
+    assert_eq!(
+        lock_holder(&s.layout.pipe_dir(card)),
+        None,
+        "a daemon started on a card not exclusive"
     );
 }

@@ -1,0 +1,97 @@
+//! Exclusive-process compute mode for the cards MPS serves (`--exclusive-process`, off by
+//! default). Set with the driver's own `nvidia-smi -i <uuid> -c EXCLUSIVE_PROCESS` (as NVIDIA's
+//! MPS documentation and its device plugin do) before a card's daemon starts: the card then
+//! takes one process's context, the MPS server's, so a CUDA process that goes around MPS (its
+//! `CUDA_MPS_PIPE_DIRECTORY` pointed elsewhere) is refused instead of getting the whole card.
+//! Set back to `DEFAULT` when the card stops hosting shares. A marker in the card's directory
+//! records that Tessera set it, so a card left exclusive by a supervisor that died is set back
+//! when the next one starts; the mode is the driver's, lost at reboot (as is the marker, on
+//! `/run`).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tessera_core::enforcement::MpsLayout;
+
+/// A compute mode, as `nvidia-smi --compute-mode` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Any number of contexts (the driver's default).
+    Default,
+    /// One process's contexts.
+    ExclusiveProcess,
+}
+
+impl Mode {
+    /// The `-c` argument.
+    pub fn as_arg(self) -> &'static str {
+        match self {
+            Mode::Default => "DEFAULT",
+            Mode::ExclusiveProcess => "EXCLUSIVE_PROCESS",
+        }
+    }
+}
+
+/// Sets cards' compute modes with `nvidia-smi`.
+#[derive(Debug, Clone)]
+pub struct ComputeModes {
+    /// The driver's `nvidia-smi`.
+    pub nvidia_smi: PathBuf,
+    /// The driver's library directories (`nvidia-smi` loads libnvidia-ml).
+    pub library_dirs: Vec<PathBuf>,
+    /// How long one call may take.
+    pub timeout: Duration,
+}
+
+/// The marker file: Tessera put this card in exclusive-process mode.
+pub fn marker(layout: &MpsLayout, uuid: &str) -> PathBuf {
+    layout.card_dir(uuid).join("exclusive-process")
+}
+
+impl ComputeModes {
+    /// Sets `uuid`'s compute mode; the error names the command and what it said.
+    pub async fn set(&self, uuid: &str, mode: Mode) -> Result<(), String> {
+        let mut library_path: Vec<PathBuf> = self.library_dirs.clone();
+        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+            library_path.extend(std::env::split_paths(&old));
+        }
+        let mut cmd = tokio::process::Command::new(&self.nvidia_smi);
+        cmd.args(["-i", uuid, "-c", mode.as_arg()])
+            .env(
+                "LD_LIBRARY_PATH",
+                std::env::join_paths(library_path).unwrap_or_else(|_| OsString::new()),
+            )
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let shown = format!("{} -i {uuid} -c {}", self.nvidia_smi.display(), mode.as_arg());
+        let out = tokio::time::timeout(self.timeout, cmd.output())
+            .await
+            .map_err(|_| format!("{shown}: no answer in {:?}", self.timeout))?
+            .map_err(|e| format!("{shown}: {e}"))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let said =
+            String::from_utf8_lossy(&out.stdout).trim().to_string() + String::from_utf8_lossy(&out.stderr).trim();
+        Err(format!("{shown}: {} ({said})", out.status))
+    }
+
+    /// Puts `uuid` in exclusive-process mode and marks it so.
+    pub async fn make_exclusive(&self, layout: &MpsLayout, uuid: &str) -> Result<(), String> {
+        // Marked first: a supervisor dying between the two leaves a marker for a card that
+        // may be exclusive, which the next one sets back to default (harmless when it was not).
+        std::fs::write(marker(layout, uuid), b"").map_err(|e| format!("marking {uuid}: {e}"))?;
+        self.set(uuid, Mode::ExclusiveProcess).await
+    }
+
+    /// Sets `uuid` back to default mode when Tessera set it exclusive (its marker is there).
+    pub async fn release(&self, layout: &MpsLayout, uuid: &str) -> Result<(), String> {
+        let m = marker(layout, uuid);
+        if !m.exists() {
+            return Ok(());
+        }
+        self.set(uuid, Mode::Default).await?;
+        std::fs::remove_file(&m).map_err(|e| format!("removing {}: {e}", m.display()))
+    }
+}
