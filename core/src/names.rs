@@ -21,6 +21,14 @@ pub const ANNOTATION_INVENTORY: &str = "tessera.io/inventory";
 /// Node label: `"true"` lets one card's shares go to pods of different tenants (by default a
 /// card's shares all belong to one tenant).
 pub const LABEL_CROSS_TENANT_SHARING: &str = "tessera.io/cross-tenant-sharing";
+/// Node label: `"true"` gives the node's GPUs to DRA claims (the DRA plugin publishes them);
+/// otherwise they go to the device-plugin path (the extender places pods on them). A node
+/// serves one path, so no card is booked by both.
+pub const LABEL_DRA: &str = "tessera.io/dra";
+/// Whether a node's labels give its GPUs to DRA ([`LABEL_DRA`]).
+pub fn offers_dra(labels: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    labels.and_then(|l| l.get(LABEL_DRA)).is_some_and(|v| v == "true")
+}
 /// Namespace label, set by the operator: the tenant its pods belong to (namespaces with the
 /// same value are one tenant); without it a namespace is a tenant of its own.
 pub const LABEL_TENANT: &str = "tessera.io/tenant";

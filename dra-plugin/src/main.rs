@@ -74,7 +74,7 @@ async fn main() -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .map_err(|e| anyhow::anyhow!("no Kubernetes API server (in-cluster or KUBECONFIG): {e}"))?;
-    let slices = SlicePublisher::new(kube::Api::all(client.clone()), &cli.node_name);
+    let slices = SlicePublisher::new(client.clone(), &cli.node_name);
     let config = Config {
         node: cli.node_name,
         registry_dir: cli.registry_dir,

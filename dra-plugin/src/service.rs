@@ -17,7 +17,7 @@ use crate::authority;
 use crate::driver::{ClaimSource, DraService, Preparer};
 use crate::health::HealthService;
 use crate::registration::{self, Registrar};
-use crate::slices::SlicePublisher;
+use crate::slices::{SlicePublisher, Synced};
 
 /// The DRA socket's file name.
 pub const DRA_SOCKET: &str = "dra.sock";
@@ -121,9 +121,9 @@ pub async fn run(
                 let devices = inventory_tx.borrow().as_deref().map(|inv| dra::slice_devices(inv, config.memory_unit_mib));
                 if let (Some(publisher), Some(devices)) = (slices.as_mut(), devices) {
                     let count = devices.len();
-                    match publisher.publish(devices).await {
-                        Ok(Some(generation)) => info!(devices = count, generation, "ResourceSlice published"),
-                        Ok(None) => {}
+                    match publisher.sync(devices).await {
+                        Ok(Synced::Published(generation)) => info!(devices = count, generation, "ResourceSlice published"),
+                        Ok(Synced::Unchanged | Synced::Withdrawn) => {}
                         Err(e) => warn!(error = %e, "cannot publish the ResourceSlice; tried again at the next poll"),
                     }
                 }

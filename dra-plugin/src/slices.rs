@@ -1,34 +1,80 @@
 //! Publishes the node's ResourceSlice: created when missing, replaced with the pool's
-//! generation bumped when the node's devices change.
+//! generation bumped when the node's devices change, and withdrawn while the node does not
+//! give its GPUs to DRA (its `tessera.io/dra` label is not `true`: they are the device-plugin
+//! path's, and a card offered through both could be booked twice).
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1 as resource;
-use kube::Api;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
 use tessera_core::dra;
+use tessera_core::names::{LABEL_DRA, offers_dra};
+use tracing::info;
 
-/// Keeps node `node`'s slice in line with the devices it was last given.
+/// What a [`SlicePublisher::sync`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synced {
+    /// Nothing to change.
+    Unchanged,
+    /// The slice was written, at this pool generation.
+    Published(i64),
+    /// The slice was removed (or was absent): the node does not give its GPUs to DRA.
+    Withdrawn,
+}
+
+/// Keeps node `node`'s slice in line with the devices it was last given and the node's label.
 pub struct SlicePublisher {
     api: Api<resource::ResourceSlice>,
+    nodes: Api<Node>,
     node: String,
+    /// What was last written; `None` before the first write and after a withdrawal.
     published: Option<Vec<resource::Device>>,
+    /// Whether the slice is known to be absent (withdrawn, or checked).
+    withdrawn: bool,
 }
 
 impl SlicePublisher {
-    /// A publisher writing through `api` (cluster-scoped ResourceSlices).
-    pub fn new(api: Api<resource::ResourceSlice>, node: &str) -> Self {
+    /// A publisher for node `node`, writing its ResourceSlice and reading its labels.
+    pub fn new(client: Client, node: &str) -> Self {
         Self {
-            api,
+            api: Api::all(client.clone()),
+            nodes: Api::all(client),
             node: node.into(),
             published: None,
+            withdrawn: false,
         }
     }
 
-    /// Publishes `devices` unless they are what was last published; returns the pool's
-    /// generation when it wrote. The API server canonicalises quantities, so what was sent
-    /// (not what it returns) is what is compared.
-    pub async fn publish(&mut self, devices: Vec<resource::Device>) -> Result<Option<i64>, kube::Error> {
+    /// Publishes `devices` when the node gives its GPUs to DRA and they are not what was last
+    /// published; withdraws the slice when the node does not. The API server canonicalises
+    /// quantities, so what was sent (not what it returns) is what is compared.
+    pub async fn sync(&mut self, devices: Vec<resource::Device>) -> Result<Synced, kube::Error> {
+        let node = self.nodes.get(&self.node).await?;
+        if !offers_dra(node.metadata.labels.as_ref()) {
+            if self.withdrawn {
+                return Ok(Synced::Unchanged);
+            }
+            let name = dra::slice_name(&self.node);
+            match self.api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => info!(
+                    node = self.node,
+                    "the node's GPUs are not for DRA ({LABEL_DRA} is not true): slice withdrawn"
+                ),
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    info!(
+                        node = self.node,
+                        "the node's GPUs are not for DRA ({LABEL_DRA} is not true): no slice published"
+                    )
+                }
+                Err(e) => return Err(e),
+            }
+            self.published = None;
+            self.withdrawn = true;
+            return Ok(Synced::Withdrawn);
+        }
+        self.withdrawn = false;
         if self.published.as_ref() == Some(&devices) {
-            return Ok(None);
+            return Ok(Synced::Unchanged);
         }
         let name = dra::slice_name(&self.node);
         let generation = match self.api.get_opt(&name).await? {
@@ -46,6 +92,6 @@ impl SlicePublisher {
             }
         };
         self.published = Some(devices);
-        Ok(Some(generation))
+        Ok(Synced::Published(generation))
     }
 }

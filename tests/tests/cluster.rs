@@ -1051,8 +1051,33 @@ async fn a_mig_slice_on_a_real_cluster() -> anyhow::Result<()> {
     };
     assert_eq!(profile.to_string(), "1g.5gb");
     assert_eq!(got["CVD"], *uuid, "{got:?}");
+    // The node then goes to DRA (its device-plugin pod has ended): the extender offers its
+    // GPUs to no pod, saying why, and the DRA plugin publishes them.
+    c.kubectl_ok(&[
+        "label",
+        "node",
+        NODE,
+        &format!("{}=true", tessera_core::names::LABEL_DRA),
+    ])?;
+    c.apply(&gpu_pod("slice-after", &[("tessera.io/mig-1g.5gb", "1")]))?;
+    c.wait_for(
+        &["pod/slice-after"],
+        "{.status.conditions[?(@.type==\"PodScheduled\")].reason}",
+        "Unschedulable",
+        Duration::from_secs(60),
+    )
+    .await?;
+    let why = c.kubectl_ok(&[
+        "get",
+        "pod",
+        "slice-after",
+        "-o",
+        "jsonpath={.status.conditions[0].message}",
+    ])?;
+    assert!(why.contains("the node's GPUs go to DRA claims"), "{why}");
+    c.kubectl_ok(&["delete", "pod", "slice-after", "--wait=false"])?;
     // Through DRA on the same node: a MIG device chosen by profile with a CEL selector (the
-    // node's one 2g.10gb, which the extender's pod above does not hold).
+    // node's one 2g.10gb, which the extender's pod above did not hold).
     c.apply(
         r#"apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
@@ -1180,6 +1205,21 @@ async fn dra_claims_get_their_cards_and_shares_on_a_real_cluster() -> anyhow::Re
     let mut c = Cluster::start().await?;
     tessera::install(&mut c, "t4x2", 200, true).await?;
     let slice = format!("resourceslice/{NODE}-{}", tessera_core::dra::DRIVER);
+    // A node serves one path: until it is labelled for DRA its GPUs stay with the device
+    // plugin, and the DRA plugin (polling every second here) publishes nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let out = c.kubectl(&["get", &slice])?;
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("NotFound"),
+        "a slice of a node not labelled for DRA: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    c.kubectl_ok(&[
+        "label",
+        "node",
+        NODE,
+        &format!("{}=true", tessera_core::names::LABEL_DRA),
+    ])?;
     c.wait_for(
         &[&slice],
         "{.spec.devices[*].name}",

@@ -14,6 +14,7 @@ use tessera_core::inventory::{Health, PublishedInventory};
 use tessera_core::ledger::{Booking, Hold, Ledger, LedgerError, NodeCapacity};
 use tessera_core::names::{
     ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, ANNOTATION_INVENTORY, LABEL_CROSS_TENANT_SHARING,
+    LABEL_DRA, offers_dra,
 };
 use tessera_core::placement::check_node_resources;
 use tessera_core::placement::{EngineConfig, PodDemand, WorkloadLearner};
@@ -102,7 +103,8 @@ pub struct Cluster {
     /// Where the keys are read again from when it changes (see [`Cluster::reloading_keys_from`]).
     keys_dir: Option<(std::path::PathBuf, Mutex<KeyDirStamp>)>,
     opts: RequestOptions,
-    /// Nodes whose published driver is not ready, with why.
+    /// Nodes that offer pods none of their GPUs (a driver not ready, GPUs given to DRA), with
+    /// why.
     not_ready: Mutex<BTreeMap<String, String>>,
     nodes_synced: AtomicBool,
     pods_synced: AtomicBool,
@@ -113,8 +115,8 @@ pub struct Cluster {
     tenants: Arc<Tenants>,
 }
 
-/// Reads a node: its capacity, and why its GPUs cannot be used (the node publishes its
-/// driver as not ready), when they cannot.
+/// Reads a node: its capacity, and why its GPUs cannot be given to pods (the node publishes
+/// its driver as not ready, or gives its GPUs to DRA claims), when they cannot.
 fn node_capacity(node: &Node) -> (NodeCapacity, Option<String>) {
     let name = node.metadata.name.as_deref().unwrap_or_default();
     let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
@@ -162,16 +164,20 @@ fn node_capacity(node: &Node) -> (NodeCapacity, Option<String>) {
             }
         },
     };
-    // A node whose driver cannot serve containers keeps its GPUs in the books (bound pods
-    // stay counted) but offers none.
+    let not_ready = not_ready.map(|reason| format!("the node's GPU driver is not ready: {reason}"));
+    // A node that serves DRA claims: its cards are the DRA scheduler's to give.
+    let not_ready = not_ready.or_else(|| {
+        offers_dra(node.metadata.labels.as_ref())
+            .then(|| format!("the node's GPUs go to DRA claims ({LABEL_DRA}=true): ask with a ResourceClaim"))
+    });
+    // A node whose driver cannot serve containers, or whose GPUs go to DRA, keeps its GPUs in
+    // the books (bound pods stay counted) but offers none.
     let gpus = match &not_ready {
         None => gpus,
         Some(reason) => gpus
             .into_iter()
             .map(|mut g| {
-                g.health = Health::Unhealthy {
-                    reason: format!("driver not ready: {reason}"),
-                };
+                g.health = Health::Unhealthy { reason: reason.clone() };
                 g
             })
             .collect(),
@@ -346,10 +352,7 @@ impl Cluster {
             match not_ready {
                 Some(reason) => {
                     if nr.get(name) != Some(&reason) {
-                        warn!(
-                            node = name,
-                            reason, "the node's GPU driver is not ready: no GPU pods go there"
-                        );
+                        warn!(node = name, reason, "no GPU pods go to the node");
                     }
                     nr.insert(name.to_string(), reason);
                 }
@@ -613,8 +616,7 @@ impl Cluster {
             if ask.demand.wants_cards()
                 && let Some(reason) = not_ready.get(name)
             {
-                out.unresolvable
-                    .push((name, format!("the node's GPU driver is not ready: {reason}").into()));
+                out.unresolvable.push((name, reason.as_str().into()));
                 continue;
             }
             match index {
