@@ -490,6 +490,45 @@ fn allocated_device(
     Ok(None)
 }
 
+/// The cards `claim` holds shares of (whole cards and MIG devices are not shared).
+fn shared_cards(claim: &PreparedClaim) -> impl Iterator<Item = &str> {
+    claim.devices.iter().filter_map(|d| match &d.allocated {
+        AllocatedDevice::Gpu {
+            uuid, exclusive: false, ..
+        } => Some(uuid.as_str()),
+        _ => None,
+    })
+}
+
+/// Refuses `claim`, of tenant `tenant`, when a card it holds a share of already serves shares
+/// of another tenant among `prepared` (each with its tenant): a card's shares go to one tenant
+/// unless `cross_tenant` (its node's opt-in, [`crate::names::LABEL_CROSS_TENANT_SHARING`]).
+/// The scheduler's allocator knows no tenants, so the node holds this rule at prepare.
+pub fn check_tenancy(
+    claim: &PreparedClaim,
+    tenant: &str,
+    prepared: &[(PreparedClaim, String)],
+    cross_tenant: bool,
+) -> Result<(), String> {
+    if cross_tenant {
+        return Ok(());
+    }
+    for card in shared_cards(claim) {
+        for (other, other_tenant) in prepared {
+            if other.uid != claim.uid && other_tenant != tenant && shared_cards(other).any(|c| c == card) {
+                return Err(format!(
+                    "claim {}: card {card} already serves shares of tenant {other_tenant:?} (claim {}); \
+                     a card's shares go to one tenant (label the node {}=true to share cards between tenants)",
+                    claim.key(),
+                    other.key(),
+                    crate::names::LABEL_CROSS_TENANT_SHARING
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether `s` can be an object uid (letters, digits and `-`, at most 64): what makes it safe
 /// as a file name.
 pub fn is_uid(s: &str) -> bool {

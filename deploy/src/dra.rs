@@ -53,7 +53,8 @@ pub fn device_classes() -> Vec<DeviceClass> {
 }
 
 /// The node agents' rights: their node's ResourceSlice (kept to their own node by
-/// [`own_slice_guard`]) and reading the claims the kubelet asks them to prepare.
+/// [`own_slice_guard`]), reading the claims the kubelet asks them to prepare and their
+/// namespaces.
 pub fn node_rbac(opts: &ManifestOptions) -> (ClusterRole, ClusterRoleBinding) {
     let role = ClusterRole {
         metadata: meta(NODE_DRA_ROLE, None),
@@ -64,6 +65,9 @@ pub fn node_rbac(opts: &ManifestOptions) -> (ClusterRole, ClusterRoleBinding) {
                 &["get", "list", "watch", "create", "update", "delete"],
             ),
             rule(&["resource.k8s.io"], &["resourceclaims"], &["get"]),
+            // A claim's tenant (the namespace's tessera.io/tenant label), for one tenant per
+            // card's shares.
+            rule(&[""], &["namespaces"], &["get"]),
         ]),
         ..Default::default()
     };

@@ -19,6 +19,17 @@ use tracing::{info, warn};
 pub trait ClaimSource: Send + Sync + 'static {
     /// The claim `namespace/name` as the API server has it now.
     async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String>;
+
+    /// The tenant namespace `namespace` belongs to: its `tessera.io/tenant` label, else itself.
+    async fn tenant(&self, namespace: &str) -> Result<String, String> {
+        Ok(namespace.to_string())
+    }
+
+    /// Whether node `node` lets one card's shares go to different tenants
+    /// (`tessera.io/cross-tenant-sharing=true`).
+    async fn cross_tenant(&self, _node: &str) -> Result<bool, String> {
+        Ok(false)
+    }
 }
 
 /// Claims read from the API server.
@@ -31,6 +42,29 @@ impl ClaimSource for ApiClaims {
             .get(name)
             .await
             .map_err(|e| format!("reading claim {namespace}/{name}: {e}"))
+    }
+
+    async fn tenant(&self, namespace: &str) -> Result<String, String> {
+        let ns = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(self.0.clone())
+            .get(namespace)
+            .await
+            .map_err(|e| format!("reading namespace {namespace}: {e}"))?;
+        Ok(ns
+            .metadata
+            .labels
+            .and_then(|l| l.get(tessera_core::names::LABEL_TENANT).cloned())
+            .unwrap_or_else(|| namespace.to_string()))
+    }
+
+    async fn cross_tenant(&self, node: &str) -> Result<bool, String> {
+        let n = kube::Api::<k8s_openapi::api::core::v1::Node>::all(self.0.clone())
+            .get(node)
+            .await
+            .map_err(|e| format!("reading node {node}: {e}"))?;
+        Ok(n.metadata
+            .labels
+            .and_then(|l| l.get(tessera_core::names::LABEL_CROSS_TENANT_SHARING).cloned())
+            .is_some_and(|v| v == "true"))
     }
 }
 
@@ -96,6 +130,7 @@ impl Preparer {
             .ok_or_else(|| format!("claim {key}: the node's GPUs are not read yet"))?;
         let found = self.claims.get(&claim.namespace, &claim.name).await?;
         let mut prepared = dra::prepare(&inv, &self.node, &claim.uid, &found).map_err(|e| e.to_string())?;
+        self.check_tenancy(&prepared).await?;
         prepared.token = dra::new_token();
         // The marker first, then the record: a crash between leaves a marker that names no
         // record (it grants nothing) and the kubelet's retry prepares the claim again.
@@ -110,6 +145,36 @@ impl Preparer {
             "claim prepared"
         );
         Ok(devices_of(&prepared))
+    }
+
+    /// Refuses `claim` when a card it would share serves another tenant's shares here
+    /// ([`dra::check_tenancy`]).
+    async fn check_tenancy(&self, claim: &PreparedClaim) -> Result<(), String> {
+        let shares = claim.devices.iter().any(|d| {
+            matches!(
+                d.allocated,
+                tessera_core::handoff::AllocatedDevice::Gpu { exclusive: false, .. }
+            )
+        });
+        if !shares || self.claims.cross_tenant(&self.node).await? {
+            return Ok(());
+        }
+        let mut tenants: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+        let mut tenant_of = async |namespace: &str| -> Result<String, String> {
+            if let Some(t) = tenants.get(namespace) {
+                return Ok(t.clone());
+            }
+            let t = self.claims.tenant(namespace).await?;
+            tenants.insert(namespace.to_string(), t.clone());
+            Ok(t)
+        };
+        let tenant = tenant_of(&claim.namespace).await?;
+        let mut others = Vec::new();
+        for other in self.store.list().0 {
+            let t = tenant_of(&other.namespace).await?;
+            others.push((other, t));
+        }
+        dra::check_tenancy(claim, &tenant, &others, false)
     }
 
     /// Unprepares claim `uid`: its record and marker go (idempotent).

@@ -338,3 +338,57 @@ async fn registers_prepares_once_across_a_restart_and_unprepares_what_it_prepare
     assert!(!dir.path().join("plugins_registry/gpu.tessera.io-reg.sock").exists());
     assert!(!dir.path().join("plugins/gpu.tessera.io/dra.sock").exists());
 }
+
+/// The scheduler's allocator knows no tenants: a card's shares of two namespaces (tenants by
+/// default) are refused at prepare, naming the card, the tenant it serves and the opt-in; the
+/// same tenant's second share, another card, and a whole card are prepared.
+#[tokio::test]
+async fn a_cards_shares_are_prepared_for_one_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let claims = Arc::new(FakeClaims::default());
+    let plugin = Plugin::start(dir.path(), claims.clone());
+    let in_ns = |mut c: resource::ResourceClaim, ns: &str| {
+        c.metadata.namespace = Some(ns.into());
+        c
+    };
+    let share = [("cores", "30"), ("memory", "4Gi")];
+    claims.set(allocated("a1", "u-a1", "gpu-0", &share));
+    claims.set(allocated("a2", "u-a2", "gpu-0", &share));
+    claims.set(in_ns(allocated("b1", "u-b1", "gpu-0", &share), "team-b"));
+    claims.set(in_ns(allocated("b2", "u-b2", "gpu-1", &share), "team-b"));
+    let endpoint = dir.path().join("plugins/gpu.tessera.io/dra.sock");
+    let mut client = DraPluginClient::new(channel(endpoint).await);
+    let b_ref = |name: &str, uid: &str| api::Claim {
+        namespace: "team-b".into(),
+        ..claim_ref(name, uid)
+    };
+    // The node's GPUs are read at the first poll.
+    let mut got = HashMap::new();
+    for _ in 0..50 {
+        got = prepare(&mut client, &[claim_ref("a1", "u-a1")]).await;
+        if got["u-a1"].error.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(got["u-a1"].error, "");
+    let got = prepare(
+        &mut client,
+        &[b_ref("b1", "u-b1"), claim_ref("a2", "u-a2"), b_ref("b2", "u-b2")],
+    )
+    .await;
+    let refused = &got["u-b1"].error;
+    assert!(
+        refused.contains("already serves shares of tenant \"team-a\"")
+            && refused.contains("claim team-a/a1")
+            && refused.contains("tessera.io/cross-tenant-sharing=true"),
+        "{refused}"
+    );
+    assert!(got["u-b1"].devices.is_empty());
+    assert!(
+        plugin.store().get("u-b1").unwrap().is_none(),
+        "a refused claim was recorded"
+    );
+    assert_eq!((got["u-a2"].error.as_str(), got["u-b2"].error.as_str()), ("", ""));
+    plugin.stop().await;
+}

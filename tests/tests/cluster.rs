@@ -1444,6 +1444,56 @@ spec:
         "another node's slice: {err}"
     );
 
+    // Another namespace's share: the scheduler's allocator knows no tenants and gives it the
+    // shared card (the only one with room), the node refuses to prepare it, and the pod's
+    // events say why; nothing of it is recorded.
+    c.kubectl_ok(&["create", "namespace", "team-b"])?;
+    let ns_b = |text: String| text.replace("namespace: default", "namespace: team-b");
+    c.apply(&ns_b(share_claim("share-b2", 10, "1Gi")))?;
+    c.apply(&ns_b(dra_pod("dforeign", "share-b2", false)))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let events = c.kubectl_ok(&[
+            "-n",
+            "team-b",
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=dforeign",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])?;
+        if events.contains("already serves shares of tenant \"default\"") {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no refusal for another tenant's share: {events}\n{}",
+            c.log_tail("dra-plugin", 15)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let phase = c.kubectl_ok(&[
+        "-n",
+        "team-b",
+        "get",
+        "pod",
+        "dforeign",
+        "-o",
+        "jsonpath={.status.phase}",
+    ])?;
+    assert_eq!(phase.trim(), "Pending");
+    c.kubectl_ok(&[
+        "-n",
+        "team-b",
+        "delete",
+        "pod",
+        "dforeign",
+        "--grace-period=0",
+        "--force",
+    ])?;
+    c.kubectl_ok(&["-n", "team-b", "delete", "resourceclaim", "share-b2"])?;
+
     // The pods go: the kubelet unprepares their claims, the node's records go with them.
     c.kubectl_ok(&[
         "delete",

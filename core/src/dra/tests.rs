@@ -336,3 +336,43 @@ fn a_claims_marker_is_a_valid_cdi_spec_that_sets_only_its_variable() {
     );
     assert_ne!(new_token(), new_token());
 }
+
+#[test]
+fn a_cards_shares_go_to_one_tenant_unless_the_node_opts_in() {
+    let claim = |uid: &str, ns: &str, uuid: &str, exclusive: bool| PreparedClaim {
+        uid: uid.into(),
+        namespace: ns.into(),
+        name: uid.into(),
+        pods: vec![],
+        token: String::new(),
+        devices: vec![PreparedDevice {
+            requests: vec!["gpu".into()],
+            pool: "node-a".into(),
+            device: "gpu-0".into(),
+            share_id: None,
+            allocated: AllocatedDevice::Gpu {
+                uuid: uuid.into(),
+                index: 0,
+                minor: 0,
+                core_percent: if exclusive { 100 } else { 30 },
+                memory_mib: 4096,
+                exclusive,
+            },
+        }],
+    };
+    let held = vec![(claim("a", "team-a", "GPU-1", false), "team-a".to_string())];
+    let b = claim("b", "team-b", "GPU-1", false);
+    let err = check_tenancy(&b, "team-b", &held, false).unwrap_err();
+    assert!(err.contains("GPU-1") && err.contains("\"team-a\""), "{err}");
+    // Opted in; the same tenant; another card; a whole card (not a share): no refusal.
+    assert_eq!(check_tenancy(&b, "team-b", &held, true), Ok(()));
+    assert_eq!(check_tenancy(&b, "team-a", &held, false), Ok(()));
+    assert_eq!(
+        check_tenancy(&claim("c", "team-b", "GPU-2", false), "team-b", &held, false),
+        Ok(())
+    );
+    assert_eq!(
+        check_tenancy(&claim("d", "team-b", "GPU-1", true), "team-b", &held, false),
+        Ok(())
+    );
+}
