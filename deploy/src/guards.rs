@@ -1,8 +1,9 @@
 //! Admission policies that keep Tessera's own records to Tessera: only the extender's service
 //! account sets or changes a pod's signed allocation (`tessera.io/allocation` and its
 //! signature) — a tenant who may update its pods could otherwise drop its allocation from a
-//! restarted extender's books while its node keeps the devices it injected — and a node agent
-//! changes only its own Node (one node cannot rewrite another's published GPUs).
+//! restarted extender's books while its node keeps the devices it injected — a node agent
+//! changes only its own Node (one node cannot rewrite another's published GPUs), and the
+//! extender writes only its certificates' Secrets.
 
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
@@ -128,4 +129,48 @@ pub fn own_node_guard(opts: &ManifestOptions) -> (ValidatingAdmissionPolicy, Val
         ..Default::default()
     };
     (policy, deny_binding(OWN_NODE_POLICY))
+}
+
+/// The policy (and its binding) keeping the extender's Secret writes to its certificates.
+pub const EXTENDER_SECRETS_POLICY: &str = "tessera-extender-secrets";
+
+/// The extender's service account may create any Secret (creation cannot be limited by name in
+/// RBAC) and read its certificates' Secrets: this keeps what it writes to `kubernetes.io/tls`
+/// Secrets of those names, so its token cannot, say, make a service-account token Secret under
+/// a name it may read.
+pub fn extender_secrets_guard(opts: &ManifestOptions) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let extender = format!("system:serviceaccount:{}:{EXTENDER}", opts.namespace);
+    let names = [
+        super::claims::WEBHOOK_SECRET,
+        super::EXTENDER_TLS_SECRET,
+        super::SCHEDULER_TLS_SECRET,
+    ];
+    let list = names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ");
+    let policy = ValidatingAdmissionPolicy {
+        metadata: meta(EXTENDER_SECRETS_POLICY, None),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(core_v1(&["CREATE", "UPDATE"], &["secrets"])),
+            match_conditions: Some(vec![MatchCondition {
+                name: "tessera-extender".into(),
+                expression: format!("request.userInfo.username == '{extender}'"),
+            }]),
+            validations: Some(vec![Validation {
+                expression: format!(
+                    "object.metadata.namespace == '{ns}' && object.metadata.name in [{list}] && \
+                     has(object.type) && object.type == 'kubernetes.io/tls'",
+                    ns = opts.namespace
+                ),
+                message: Some(format!(
+                    "{extender} writes only its certificates: kubernetes.io/tls Secrets {list} in {}",
+                    opts.namespace
+                )),
+                reason: Some("Forbidden".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    (policy, deny_binding(EXTENDER_SECRETS_POLICY))
 }

@@ -367,6 +367,10 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
     let (policy, binding) = guards::own_node_guard(opts);
     push(&policy);
     push(&binding);
+    // The extender writes only its certificates' Secrets.
+    let (policy, binding) = guards::extender_secrets_guard(opts);
+    push(&policy);
+    push(&binding);
     if opts.dra {
         for class in dra::device_classes() {
             push(&class);

@@ -169,8 +169,17 @@ impl Preparer {
             Ok(t)
         };
         let tenant = tenant_of(&claim.namespace).await?;
+        // A record that cannot be read may be another tenant's share: refuse rather than guess.
+        let (records, unreadable) = self.store.list();
+        if !unreadable.is_empty() {
+            return Err(format!(
+                "claim {}: the node's claim records cannot all be read, so the card's tenants are unknown: {}",
+                claim.key(),
+                unreadable.join("; ")
+            ));
+        }
         let mut others = Vec::new();
-        for other in self.store.list().0 {
+        for other in records {
             let t = tenant_of(&other.namespace).await?;
             others.push((other, t));
         }

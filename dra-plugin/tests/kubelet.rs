@@ -390,5 +390,14 @@ async fn a_cards_shares_are_prepared_for_one_tenant() {
         "a refused claim was recorded"
     );
     assert_eq!((got["u-a2"].error.as_str(), got["u-b2"].error.as_str()), ("", ""));
+    // A record that cannot be read may be another tenant's: a new share is refused.
+    std::fs::write(plugin.store().dir().join("u-broken.json"), "{").unwrap();
+    claims.set(allocated("a3", "u-a3", "gpu-0", &share));
+    let got = prepare(&mut client, &[claim_ref("a3", "u-a3")]).await;
+    assert!(
+        got["u-a3"].error.contains("cannot all be read"),
+        "{}",
+        got["u-a3"].error
+    );
     plugin.stop().await;
 }

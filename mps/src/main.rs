@@ -80,7 +80,7 @@ struct RunArgs {
     #[arg(long)]
     exclusive_process: bool,
     /// nvidia-smi to set compute modes with instead of the driver's (tests use a fake).
-    #[arg(long, requires = "exclusive_process")]
+    #[arg(long)]
     nvidia_smi: Option<PathBuf>,
 }
 
@@ -119,31 +119,37 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         binaries,
         std::env::current_exe().context("locating this program")?,
     );
-    if args.exclusive_process {
-        let nvidia_smi = match &args.nvidia_smi {
-            Some(p) => p.clone(),
-            None => {
-                let driver = nvml.driver();
-                let found = driver
-                    .files
-                    .iter()
-                    .find(|f| f.kind == tessera_core::driver::DriverFileKind::Binary && f.name() == "nvidia-smi")
-                    .map(|f| driver.host_path(f));
-                let h = found.with_context(|| {
-                    format!(
-                        "--exclusive-process: no nvidia-smi under driver root {} (--nvidia-smi names one)",
-                        driver.root.display()
-                    )
-                })?;
-                args.host_root.join(h.strip_prefix("/").unwrap_or(&h))
+    // nvidia-smi: to set cards exclusive when asked, and always to set back a card an earlier
+    // supervisor left exclusive (its marker) once this one is not asked to.
+    let nvidia_smi = match &args.nvidia_smi {
+        Some(p) => Ok(p.clone()),
+        None => {
+            let driver = nvml.driver();
+            driver
+                .files
+                .iter()
+                .find(|f| f.kind == tessera_core::driver::DriverFileKind::Binary && f.name() == "nvidia-smi")
+                .map(|f| {
+                    let h = driver.host_path(f);
+                    args.host_root.join(h.strip_prefix("/").unwrap_or(&h))
+                })
+                .ok_or_else(|| format!("no nvidia-smi under driver root {}", driver.root.display()))
+        }
+    };
+    match nvidia_smi {
+        Ok(nvidia_smi) => {
+            if args.exclusive_process {
+                info!(nvidia_smi = %nvidia_smi.display(), "cards MPS serves are put in exclusive-process mode");
             }
-        };
-        info!(nvidia_smi = %nvidia_smi.display(), "cards MPS serves are put in exclusive-process mode");
-        config.compute_modes = Some(tessera_mps::compute_mode::ComputeModes {
-            nvidia_smi,
-            library_dirs: config.binaries.library_dirs.clone(),
-            timeout: Duration::from_secs(30),
-        });
+            config.compute_modes = Some(tessera_mps::compute_mode::ComputeModes {
+                nvidia_smi,
+                library_dirs: config.binaries.library_dirs.clone(),
+                timeout: Duration::from_secs(30),
+            });
+            config.exclusive_process = args.exclusive_process;
+        }
+        Err(e) if args.exclusive_process => anyhow::bail!("--exclusive-process: {e} (--nvidia-smi names one)"),
+        Err(_) => {}
     }
     config.check_every = Duration::from_secs(args.check_secs.max(1));
     config.shm_mib = args.shm_mib;

@@ -77,9 +77,11 @@ pub struct SupervisorConfig {
     pub backoff: Backoff,
     /// Size of each card's shm tmpfs, MiB.
     pub shm_mib: u64,
-    /// Put each card in exclusive-process compute mode while its daemon runs (`None`: the
-    /// mode is left as it is).
+    /// Sets cards' compute modes (`None`: no `nvidia-smi`, modes are left as they are).
     pub compute_modes: Option<ComputeModes>,
+    /// Put each card in exclusive-process compute mode while its daemon runs; either way a
+    /// card an earlier supervisor left exclusive is set back when this one is not to keep it.
+    pub exclusive_process: bool,
 }
 
 /// Default size of each card's shm tmpfs: what the card's clients and server share in all.
@@ -100,6 +102,7 @@ impl SupervisorConfig {
             backoff: Backoff::default(),
             shm_mib: DEFAULT_SHM_MIB,
             compute_modes: None,
+            exclusive_process: false,
         }
     }
 }
@@ -134,11 +137,13 @@ impl Supervisor {
                 stop_card(card).await;
             }
         }
-        // A card an earlier supervisor left exclusive, that hosts no shares now.
+        // A card an earlier supervisor left exclusive that this one is not to keep so: it
+        // hosts no shares now, or exclusive-process mode is no longer asked for.
         if let Some(modes) = &self.config.compute_modes {
             for uuid in self.config.layout.cards() {
                 let leftover = compute_mode::marker(&self.config.layout, &uuid).exists();
-                if leftover && !uuids.contains(&uuid) && !self.cards.contains_key(&uuid) {
+                let kept = self.config.exclusive_process && (uuids.contains(&uuid) || self.cards.contains_key(&uuid));
+                if leftover && !kept {
                     match modes.release(&self.config.layout, &uuid).await {
                         Ok(()) => info!(uuid, "card left in exclusive-process mode: set back to default"),
                         Err(e) => warn!(uuid, error = e, "cannot set the card back to default compute mode"),
@@ -162,9 +167,13 @@ impl Supervisor {
 
     /// Stops every daemon (`quit`, then a kill after the stop timeout).
     pub async fn shutdown(self) {
-        let stops: Vec<_> = self.cards.into_values().map(stop_card).collect();
-        for s in stops {
-            s.await;
+        // Every card told first, then waited for: the daemons stop side by side.
+        let cards: Vec<Card> = self.cards.into_values().collect();
+        for card in &cards {
+            let _ = card.stop.send(true);
+        }
+        for card in cards {
+            let _ = card.task.await;
         }
     }
 }
@@ -303,7 +312,9 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
         // Exclusive before the daemon starts, or no daemon: a share's limits must not hold
         // only for processes that choose MPS.
         let exclusive = match &config.compute_modes {
-            Some(modes) if prepared.is_ok() => modes.make_exclusive(&config.layout, &uuid).await,
+            Some(modes) if config.exclusive_process && prepared.is_ok() => {
+                modes.make_exclusive(&config.layout, &uuid).await
+            }
             _ => Ok(()),
         };
         let ended = match exclusive {

@@ -740,6 +740,27 @@ log:
         calls().matches(&format!("-i {} -c DEFAULT", cards[1])).count() > before
     });
     assert!(!tessera_mps::compute_mode::marker(&layout, &cards[1]).exists());
+    drop(s);
+    // Exclusive-process mode no longer asked for: a card it left exclusive (its marker, after
+    // a supervisor that died) is set back though it still hosts shares, and none is set
+    // exclusive.
+    std::fs::write(tessera_mps::compute_mode::marker(&layout, &cards[0]), "").unwrap();
+    let (before, exclusive_before) = (
+        calls().matches(&format!("-i {} -c DEFAULT", cards[0])).count(),
+        calls().matches("EXCLUSIVE_PROCESS").count(),
+    );
+    let plain: Vec<std::ffi::OsString> = args.iter().filter(|a| *a != "--exclusive-process").cloned().collect();
+    let s = Running::start_with(dir.path(), fixture.to_str().unwrap(), &plain);
+    s.wait("the card set back", Duration::from_secs(20), |s| {
+        s.ready(&cards[0]) && calls().matches(&format!("-i {} -c DEFAULT", cards[0])).count() > before
+    });
+    assert!(!tessera_mps::compute_mode::marker(&layout, &cards[0]).exists());
+    assert_eq!(
+        calls().matches("EXCLUSIVE_PROCESS").count(),
+        exclusive_before,
+        "{}",
+        calls()
+    );
 }
 
 /// With the real 535 `nvidia-smi` and no GPU: the supervisor finds it among the driver's files

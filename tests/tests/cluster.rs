@@ -949,6 +949,34 @@ spec:
         let said = String::from_utf8_lossy(&out.stdout);
         assert_eq!(said.trim(), want, "may the extender {verb} the scheduler's Secret?");
     }
+    // Its token may create Secrets (RBAC cannot name what does not exist yet), but only its
+    // certificates: not a generic Secret, nor a service-account token under a name it reads.
+    let sa_token = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: tessera-webhook-tls, namespace: {}, annotations: {{kubernetes.io/service-account.name: tessera-scheduler}}}}\ntype: kubernetes.io/service-account-token\n",
+        tessera::NS
+    );
+    let token_file = c.dir().join("sa-token-secret.yaml");
+    std::fs::write(&token_file, sa_token)?;
+    for args in [
+        vec![
+            "-n",
+            tessera::NS,
+            "create",
+            "secret",
+            "generic",
+            "evil",
+            "--from-literal=a=b",
+            &extender_sa,
+        ],
+        vec!["create", "-f", token_file.to_str().unwrap_or_default(), &extender_sa],
+    ] {
+        let out = c.kubectl(&args)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("tessera-extender-secrets"),
+            "{args:?}: {err}"
+        );
+    }
     let scheduler_ca = || {
         c.kubectl_ok(&[
             "-n",

@@ -118,27 +118,67 @@ pub async fn ensure(client: &Client, v: &VerbCerts) -> anyhow::Result<ServingCer
         }
         let (serving, clients) = generate_with_clients(service_names(&v.service, &v.namespace), &[SCHEDULER_CN])?;
         let scheduler = clients.into_iter().next().expect("one client asked for");
-        match api
+        let created = match api
             .create(
                 &PostParams::default(),
                 &secret(&v.namespace, &v.secret, serving.clone(), Some("pending")),
             )
             .await
         {
-            Ok(_) => {}
+            Ok(created) => created,
             // Another replica makes the pair.
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
             Err(e) => return Err(e).with_context(|| format!("creating {}", what())),
-        }
+        };
+        // Only the Secret this replica created, as it created it: a replica that stalled past
+        // the grace period (its pending Secret replaced by another's pair) must neither mark
+        // nor delete the other's.
+        let mine = Preconditions {
+            resource_version: created.metadata.resource_version.clone(),
+            uid: created.metadata.uid.clone(),
+        };
+        let delete_mine = DeleteParams {
+            preconditions: Some(mine.clone()),
+            ..Default::default()
+        };
         if let Err(e) = write_scheduler_secret(&api, v, scheduler).await {
             // Let the next try make a whole pair.
-            let _ = api.delete(&v.secret, &DeleteParams::default()).await;
+            let _ = api.delete(&v.secret, &delete_mine).await;
             return Err(e);
         }
-        let written = serde_json::json!({"metadata": {"annotations": {STATE_ANNOTATION: "written"}}});
-        api.patch(&v.secret, &PatchParams::default(), &Patch::Merge(&written))
+        // The resource version in a merge patch is a precondition: the patch applies only to
+        // the Secret as created.
+        let written = serde_json::json!({"metadata": {
+            "annotations": {STATE_ANNOTATION: "written"},
+            "resourceVersion": mine.resource_version,
+            "uid": mine.uid,
+        }});
+        match api
+            .patch(&v.secret, &PatchParams::default(), &Patch::Merge(&written))
             .await
-            .with_context(|| format!("marking {} written", what()))?;
+        {
+            Ok(_) => {}
+            // Replaced meanwhile: the scheduler's Secret may now hold this replica's stale
+            // client certificate, so the whole pair is made again.
+            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+                warn!(
+                    secret = what(),
+                    "replaced while this replica made its pair: making the pair again"
+                );
+                if let Some(now) = api.get_opt(&v.secret).await.with_context(what)? {
+                    let dp = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            resource_version: now.metadata.resource_version,
+                            uid: now.metadata.uid,
+                        }),
+                        ..Default::default()
+                    };
+                    let _ = api.delete(&v.secret, &dp).await;
+                }
+                continue;
+            }
+            Err(e) => return Err(e).with_context(|| format!("marking {} written", what())),
+        }
         info!(
             secret = what(),
             scheduler = v.scheduler_secret,
