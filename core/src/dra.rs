@@ -168,91 +168,118 @@ fn q(s: String) -> Quantity {
     Quantity(s)
 }
 
-/// The devices node `inv` publishes: every healthy card that is not in MIG mode, shareable by
+/// The taint an unhealthy card's devices carry in the slice (`NoSchedule`: claims already
+/// allocated keep them, the scheduler allocates them to no new claim).
+pub const UNHEALTHY_TAINT: &str = "gpu.tessera.io/unhealthy";
+
+/// The devices node `inv` publishes: every card that is not in MIG mode, shareable by
 /// consumable capacity (`cores` 1..100 in steps of 1, `memory` in steps of `memory_unit_mib`,
-/// a request naming neither takes the whole card), and every carved MIG device of a healthy
-/// card. Unhealthy cards are left out until they recover.
+/// a request naming neither takes the whole card), and every carved MIG device. The devices of
+/// an unhealthy card carry [`UNHEALTHY_TAINT`] until it recovers (an API server that does not
+/// serve device taints drops them: [`untainted`] is what to publish there).
 pub fn slice_devices(inv: &NodeInventory, memory_unit_mib: u64) -> Vec<resource::Device> {
     let unit = memory_unit_mib.max(1);
     let mut out = Vec::new();
-    for gpu in inv.gpus.iter().filter(|g| g.health.is_healthy()) {
-        let common = [
-            ("uuid", string(&gpu.uuid)),
-            ("model", string(&gpu.model)),
-            ("index", int(i64::from(gpu.index))),
-            ("driverVersion", string(&inv.driver_version)),
-        ];
-        if gpu.mig_enabled {
-            for m in &gpu.mig_devices {
-                let mut attributes: BTreeMap<String, resource::DeviceAttribute> =
-                    common.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-                attributes.insert("uuid".into(), string(&m.uuid));
-                attributes.insert("parentUUID".into(), string(&gpu.uuid));
-                attributes.insert("type".into(), string("mig"));
-                attributes.insert("profile".into(), string(&m.profile.to_string()));
-                attributes.insert("shareable".into(), boolean(false));
-                out.push(resource::Device {
-                    name: device_name(gpu, Some((m.gi, m.ci))),
-                    attributes: Some(attributes),
-                    capacity: Some(BTreeMap::from([(
-                        CAPACITY_MEMORY.to_string(),
-                        resource::DeviceCapacity {
-                            value: q(format!("{}Mi", m.memory_mib)),
-                            request_policy: None,
-                        },
-                    )])),
-                    ..Default::default()
-                });
+    for gpu in &inv.gpus {
+        let first = out.len();
+        push_card_devices(inv, gpu, unit, &mut out);
+        if let crate::inventory::Health::Unhealthy { .. } = &gpu.health {
+            for d in &mut out[first..] {
+                d.taints = Some(vec![resource::DeviceTaint {
+                    key: UNHEALTHY_TAINT.into(),
+                    value: None,
+                    effect: "NoSchedule".into(),
+                    time_added: None,
+                }]);
             }
-            continue;
         }
-        let mut attributes: BTreeMap<String, resource::DeviceAttribute> =
-            common.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        attributes.insert("type".into(), string("gpu"));
-        attributes.insert("shareable".into(), boolean(true));
-        // The memory a share may ask: whole units, the default (and most) all whole units.
-        let max_memory = (gpu.memory_mib / unit).max(1) * unit;
-        let capacity = BTreeMap::from([
-            (
-                CAPACITY_CORES.to_string(),
-                resource::DeviceCapacity {
-                    value: q("100".into()),
-                    request_policy: Some(resource::CapacityRequestPolicy {
-                        default: Some(q("100".into())),
-                        valid_range: Some(resource::CapacityRequestPolicyRange {
-                            min: q("1".into()),
-                            max: Some(q("100".into())),
-                            step: Some(q("1".into())),
-                        }),
-                        valid_values: None,
-                    }),
-                },
-            ),
-            (
-                CAPACITY_MEMORY.to_string(),
-                resource::DeviceCapacity {
-                    value: q(format!("{}Mi", gpu.memory_mib.max(unit))),
-                    request_policy: Some(resource::CapacityRequestPolicy {
-                        default: Some(q(format!("{max_memory}Mi"))),
-                        valid_range: Some(resource::CapacityRequestPolicyRange {
-                            min: q(format!("{unit}Mi")),
-                            max: Some(q(format!("{max_memory}Mi"))),
-                            step: Some(q(format!("{unit}Mi"))),
-                        }),
-                        valid_values: None,
-                    }),
-                },
-            ),
-        ]);
-        out.push(resource::Device {
-            name: device_name(gpu, None),
-            attributes: Some(attributes),
-            capacity: Some(capacity),
-            allow_multiple_allocations: Some(true),
-            ..Default::default()
-        });
     }
     out
+}
+
+/// `devices` without the tainted ones: for an API server that drops device taints (the
+/// feature off), where a tainted device would be offered as if healthy.
+pub fn untainted(devices: &[resource::Device]) -> Vec<resource::Device> {
+    devices.iter().filter(|d| d.taints.is_none()).cloned().collect()
+}
+
+/// The devices of one card: its MIG devices when in MIG mode, else the card.
+fn push_card_devices(inv: &NodeInventory, gpu: &crate::inventory::Gpu, unit: u64, out: &mut Vec<resource::Device>) {
+    let common = [
+        ("uuid", string(&gpu.uuid)),
+        ("model", string(&gpu.model)),
+        ("index", int(i64::from(gpu.index))),
+        ("driverVersion", string(&inv.driver_version)),
+    ];
+    if gpu.mig_enabled {
+        for m in &gpu.mig_devices {
+            let mut attributes: BTreeMap<String, resource::DeviceAttribute> =
+                common.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+            attributes.insert("uuid".into(), string(&m.uuid));
+            attributes.insert("parentUUID".into(), string(&gpu.uuid));
+            attributes.insert("type".into(), string("mig"));
+            attributes.insert("profile".into(), string(&m.profile.to_string()));
+            attributes.insert("shareable".into(), boolean(false));
+            out.push(resource::Device {
+                name: device_name(gpu, Some((m.gi, m.ci))),
+                attributes: Some(attributes),
+                capacity: Some(BTreeMap::from([(
+                    CAPACITY_MEMORY.to_string(),
+                    resource::DeviceCapacity {
+                        value: q(format!("{}Mi", m.memory_mib)),
+                        request_policy: None,
+                    },
+                )])),
+                ..Default::default()
+            });
+        }
+        return;
+    }
+    let mut attributes: BTreeMap<String, resource::DeviceAttribute> =
+        common.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    attributes.insert("type".into(), string("gpu"));
+    attributes.insert("shareable".into(), boolean(true));
+    // The memory a share may ask: whole units, the default (and most) all whole units.
+    let max_memory = (gpu.memory_mib / unit).max(1) * unit;
+    let capacity = BTreeMap::from([
+        (
+            CAPACITY_CORES.to_string(),
+            resource::DeviceCapacity {
+                value: q("100".into()),
+                request_policy: Some(resource::CapacityRequestPolicy {
+                    default: Some(q("100".into())),
+                    valid_range: Some(resource::CapacityRequestPolicyRange {
+                        min: q("1".into()),
+                        max: Some(q("100".into())),
+                        step: Some(q("1".into())),
+                    }),
+                    valid_values: None,
+                }),
+            },
+        ),
+        (
+            CAPACITY_MEMORY.to_string(),
+            resource::DeviceCapacity {
+                value: q(format!("{}Mi", gpu.memory_mib.max(unit))),
+                request_policy: Some(resource::CapacityRequestPolicy {
+                    default: Some(q(format!("{max_memory}Mi"))),
+                    valid_range: Some(resource::CapacityRequestPolicyRange {
+                        min: q(format!("{unit}Mi")),
+                        max: Some(q(format!("{max_memory}Mi"))),
+                        step: Some(q(format!("{unit}Mi"))),
+                    }),
+                    valid_values: None,
+                }),
+            },
+        ),
+    ]);
+    out.push(resource::Device {
+        name: device_name(gpu, None),
+        attributes: Some(attributes),
+        capacity: Some(capacity),
+        allow_multiple_allocations: Some(true),
+        ..Default::default()
+    });
 }
 
 /// Every device the node has in DRA terms, with why it is unhealthy (`None`: healthy): each

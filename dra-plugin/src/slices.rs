@@ -1,5 +1,6 @@
 //! Publishes the node's ResourceSlice: created when missing, replaced with the pool's
-//! generation bumped when the node's devices change, and withdrawn while the node does not
+//! generation bumped when the node's devices change (an unhealthy card's devices tainted, or
+//! left out where the API server does not serve device taints), and withdrawn while the node does not
 //! give its GPUs to DRA (its `tessera.io/dra` label is not `true`: they are the device-plugin
 //! path's, and a card offered through both could be booked twice).
 
@@ -9,7 +10,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use tessera_core::dra;
 use tessera_core::names::{LABEL_DRA, offers_dra};
-use tracing::info;
+use tracing::{info, warn};
 
 /// What a [`SlicePublisher::sync`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +32,9 @@ pub struct SlicePublisher {
     published: Option<Vec<resource::Device>>,
     /// Whether the slice is known to be absent (withdrawn, or checked).
     withdrawn: bool,
+    /// The API server dropped the devices' taints (device taints not served): tainted devices
+    /// are left out instead, or they would be offered as if healthy.
+    taints_dropped: bool,
 }
 
 impl SlicePublisher {
@@ -42,6 +46,7 @@ impl SlicePublisher {
             node: node.into(),
             published: None,
             withdrawn: false,
+            taints_dropped: false,
         }
     }
 
@@ -73,25 +78,43 @@ impl SlicePublisher {
             return Ok(Synced::Withdrawn);
         }
         self.withdrawn = false;
-        if self.published.as_ref() == Some(&devices) {
-            return Ok(Synced::Unchanged);
+        loop {
+            let devices = if self.taints_dropped {
+                dra::untainted(&devices)
+            } else {
+                devices.clone()
+            };
+            if self.published.as_ref() == Some(&devices) {
+                return Ok(Synced::Unchanged);
+            }
+            let name = dra::slice_name(&self.node);
+            let (generation, written) = match self.api.get_opt(&name).await? {
+                None => {
+                    let slice = dra::slice(&self.node, 1, devices.clone());
+                    (1, self.api.create(&PostParams::default(), &slice).await?)
+                }
+                Some(old) => {
+                    let generation = old.spec.pool.generation + 1;
+                    let mut slice = dra::slice(&self.node, generation, devices.clone());
+                    slice.metadata.resource_version = old.metadata.resource_version;
+                    (
+                        generation,
+                        self.api.replace(&name, &PostParams::default(), &slice).await?,
+                    )
+                }
+            };
+            self.published = Some(devices.clone());
+            let sent_taints = devices.iter().any(|d| d.taints.is_some());
+            let kept_taints = written.spec.devices.iter().flatten().any(|d| d.taints.is_some());
+            if sent_taints && !kept_taints {
+                warn!(
+                    node = self.node,
+                    "the API server dropped the devices' taints (DRADeviceTaints off): unhealthy cards are left out of the slice instead"
+                );
+                self.taints_dropped = true;
+                continue;
+            }
+            return Ok(Synced::Published(generation));
         }
-        let name = dra::slice_name(&self.node);
-        let generation = match self.api.get_opt(&name).await? {
-            None => {
-                let slice = dra::slice(&self.node, 1, devices.clone());
-                self.api.create(&PostParams::default(), &slice).await?;
-                1
-            }
-            Some(old) => {
-                let generation = old.spec.pool.generation + 1;
-                let mut slice = dra::slice(&self.node, generation, devices.clone());
-                slice.metadata.resource_version = old.metadata.resource_version;
-                self.api.replace(&name, &PostParams::default(), &slice).await?;
-                generation
-            }
-        };
-        self.published = Some(devices);
-        Ok(Synced::Published(generation))
     }
 }

@@ -232,6 +232,11 @@ mod tessera {
         Ok(())
     }
 
+    /// The node's fixture file, as the node agents read it.
+    pub fn fixture_file(c: &Cluster) -> PathBuf {
+        c.dir().join("node-fixture.yaml")
+    }
+
     /// Applies the manifests and starts Tessera's components on `c`, the node being `fixture`
     /// (whose whole and shareable cards add up to `core` units of `tessera.io/gpu-core`);
     /// `dra` installs the DRA driver too (`tessera-manifests --dra`).
@@ -330,8 +335,15 @@ mod tessera {
             ("--metrics-listen", "127.0.0.1:9403".to_string()),
             ("--state-dir", dra_state.display().to_string()),
         ];
+        // The node agents read the fixture from a file of the cluster's, which a test may
+        // change (a card going unhealthy).
+        let fixture_file = fixture_file(c);
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../core/fixtures/{fixture}.yaml")),
+            &fixture_file,
+        )?;
         let fixture = [
-            format!("--fixture={fixture}"),
+            format!("--fixture={}", fixture_file.display()),
             format!("--driver-root={}", driver_root.display()),
             format!("--dev-root={}", dev_root.display()),
         ];
@@ -1557,6 +1569,40 @@ spec:
     let ext = running(&c, "dext").await?;
     assert!(cards.values().any(|u| *u == ext["CVD"]), "{ext:?}");
     assert_eq!((ext["DEV"].as_str(), ext["CORE"].as_str()), ("1", ""), "{ext:?}");
+
+    // A card going unhealthy stays in the slice, tainted NoSchedule (device taints, on by
+    // default in 1.36), so the scheduler gives it to no new claim.
+    let file = tessera::fixture_file(&c);
+    let text = std::fs::read_to_string(&file)?;
+    let marked = text.replacen(
+        "    pci_bus_id: \"0000:d8:00.0\"\n",
+        "    pci_bus_id: \"0000:d8:00.0\"\n    health: {state: unhealthy, reason: XID 79}\n",
+        1,
+    );
+    anyhow::ensure!(marked != text, "the fixture's second card was not found");
+    std::fs::write(&file, marked)?;
+    c.wait_for(
+        &[&slice],
+        "{.spec.devices[?(@.name==\"gpu-1\")].taints[0].key}",
+        tessera_core::dra::UNHEALTHY_TAINT,
+        Duration::from_secs(30),
+    )
+    .await
+    .with_context(|| c.log_tail("dra-plugin", 20))?;
+    let effect = c.kubectl_ok(&[
+        "get",
+        &slice,
+        "-o",
+        "jsonpath={.spec.devices[?(@.name==\"gpu-1\")].taints[0].effect}",
+    ])?;
+    assert_eq!(effect.trim(), "NoSchedule");
+    let untainted = c.kubectl_ok(&[
+        "get",
+        &slice,
+        "-o",
+        "jsonpath={.spec.devices[?(@.name==\"gpu-0\")].taints}",
+    ])?;
+    assert_eq!(untainted.trim(), "", "the healthy card is tainted");
     println!("DRA e2e {:.1}s", begun.elapsed().as_secs_f64());
     Ok(())
 }

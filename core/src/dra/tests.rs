@@ -89,11 +89,20 @@ fn a_node_publishes_each_healthy_card_with_consumable_capacity_and_carved_mig_de
     );
     let attrs = d.attributes.as_ref().unwrap();
     assert_eq!(attrs["uuid"].string.as_deref(), Some(t4.gpus[0].uuid.as_str()));
-    // An unhealthy card is not offered.
+    // An unhealthy card is offered tainted (NoSchedule), and not at all where taints are not
+    // served.
     t4.gpus[1].health = Health::Unhealthy {
         reason: "XID 79".into(),
     };
-    assert_eq!(slice_devices(&t4, 1024).len(), 1);
+    let devices = slice_devices(&t4, 1024);
+    assert_eq!(devices.len(), 2);
+    assert_eq!(devices[0].taints, None);
+    let taint = &devices[1].taints.as_ref().unwrap()[0];
+    assert_eq!(
+        (taint.key.as_str(), taint.effect.as_str()),
+        (UNHEALTHY_TAINT, "NoSchedule")
+    );
+    assert_eq!(untainted(&devices).len(), 1);
 
     let mig = inv("a100-mig");
     let devices = slice_devices(&mig, 1024);
