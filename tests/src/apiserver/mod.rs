@@ -55,6 +55,8 @@ pub enum Kind {
     ElasticGpuClaim,
     /// tessera.io/v1alpha1 ElasticGPUClass (cluster-scoped).
     ElasticGpuClass,
+    /// resource.k8s.io/v1 ResourceSlice (cluster-scoped).
+    ResourceSlice,
 }
 
 /// Every kind served under `/apis/` or generically: (kind, group/version, plural).
@@ -69,6 +71,7 @@ const GENERIC: &[(Kind, &str, &str)] = &[
     (Kind::ElasticGpu, "tessera.io/v1alpha1", "elasticgpus"),
     (Kind::ElasticGpuClaim, "tessera.io/v1alpha1", "elasticgpuclaims"),
     (Kind::ElasticGpuClass, "tessera.io/v1alpha1", "elasticgpuclasses"),
+    (Kind::ResourceSlice, "resource.k8s.io/v1", "resourceslices"),
 ];
 
 impl Kind {
@@ -91,6 +94,7 @@ impl Kind {
             Kind::ElasticGpu => "ElasticGPU",
             Kind::ElasticGpuClaim => "ElasticGPUClaim",
             Kind::ElasticGpuClass => "ElasticGPUClass",
+            Kind::ResourceSlice => "ResourceSlice",
         }
     }
 
@@ -103,6 +107,7 @@ impl Kind {
                 | Kind::MutatingWebhookConfiguration
                 | Kind::ElasticGpu
                 | Kind::ElasticGpuClass
+                | Kind::ResourceSlice
         )
     }
 
@@ -141,6 +146,9 @@ pub struct Faults {
     pub binding_delay_ms: AtomicU64,
     /// Bindings that succeeded.
     pub bindings: AtomicU64,
+    /// Store ResourceSlices without their devices' taints, as an API server with device taints
+    /// off does.
+    pub drop_device_taints: std::sync::atomic::AtomicBool,
 }
 
 struct Inner {
@@ -229,6 +237,11 @@ fn meta_str<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
 impl Inner {
     fn commit(&self, s: &mut Store, kind: Kind, ns: &str, name: &str, mut obj: Value, event: &'static str) -> Value {
         s.rv += 1;
+        if kind == Kind::ResourceSlice && self.faults.drop_device_taints.load(Ordering::Relaxed) {
+            for d in obj["spec"]["devices"].as_array_mut().into_iter().flatten() {
+                d.as_object_mut().map(|d| d.remove("taints"));
+            }
+        }
         obj["apiVersion"] = json!(kind.api_version());
         obj["kind"] = json!(kind.name());
         obj["metadata"]["resourceVersion"] = json!(s.rv.to_string());
