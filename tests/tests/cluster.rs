@@ -498,6 +498,17 @@ subsets:
 }
 
 /// A pod of the `tessera` scheduler whose one container prints what it was given.
+/// Waits up to 30 s for `read` to give something other than `old` (the extender's log on
+/// failure, with `what`).
+async fn changed(c: &Cluster, read: impl Fn() -> anyhow::Result<String>, old: &str, what: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while read()? == old {
+        anyhow::ensure!(Instant::now() < deadline, "{what}\n{}", c.log_tail("extender", 20));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
 fn gpu_pod(name: &str, resources: &[(&str, &str)]) -> String {
     let limits: String = resources.iter().map(|(k, v)| format!("{k}: \"{v}\", ")).collect();
     format!(
@@ -920,15 +931,13 @@ spec:
     };
     let old_ca = ca_bundle()?;
     c.kubectl_ok(&["-n", tessera::NS, "delete", "secret", "tessera-webhook-tls"])?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while ca_bundle()? == old_ca {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the caBundle kept the old CA after the Secret went\n{}",
-            c.log_tail("extender", 20)
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    changed(
+        &c,
+        ca_bundle,
+        &old_ca,
+        "the caBundle kept the old CA after the Secret went",
+    )
+    .await?;
     let again = claimed.replace("name: claimed,", "name: claimed-again,");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -1002,15 +1011,13 @@ spec:
     };
     let old_ca = scheduler_ca()?;
     c.kubectl_ok(&["-n", tessera::NS, "delete", "secret", "tessera-extender-tls"])?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while scheduler_ca()? == old_ca {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "no new pair after the extender's Secret went\n{}",
-            c.log_tail("extender", 20)
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    changed(
+        &c,
+        scheduler_ca,
+        &old_ca,
+        "no new pair after the extender's Secret went",
+    )
+    .await?;
     tessera::scheduler_files(&c, &c.dir().join("extender-client")).await?;
     c.restart("tessera-scheduler")?;
     c.apply(&gpu_pod("after-rotation", &[]))?;

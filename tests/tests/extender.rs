@@ -592,28 +592,14 @@ async fn serves_https_with_the_given_certificate() -> anyhow::Result<()> {
     let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     std::fs::write(&cert_path, cert.cert.pem())?;
     std::fs::write(&key_path, cert.signing_key.serialize_pem())?;
-    let cluster = Arc::new(tessera_extender::service::cluster::Cluster::new(
+    let running = start_verbs(
+        &api,
+        Some(tessera_extender::service::VerbTls::Files {
+            cert: cert_path,
+            key: key_path,
+            client_ca: None,
+        }),
         Default::default(),
-        keys(),
-        Default::default(),
-    ));
-    let running = tessera_extender::service::start(
-        api.client()?,
-        cluster,
-        tessera_extender::service::ServiceConfig {
-            listen: "127.0.0.1:0".parse()?,
-            prefix: PREFIX.into(),
-            body_limit: 1 << 20,
-            lease: None,
-            tls: Some(tessera_extender::service::VerbTls::Files {
-                cert: cert_path,
-                key: key_path,
-                client_ca: None,
-            }),
-            claims: false,
-            webhook: None,
-            limits: Default::default(),
-        },
     )
     .await?;
     let mut roots = rustls::RootCertStore::empty();
@@ -1242,6 +1228,35 @@ async fn a_tampered_allocation_annotation_keeps_the_booking() -> anyhow::Result<
     Ok(())
 }
 
+/// The extender's service on loopback for `api` (no claims, no lease, the test keys), its
+/// verbs behind `tls`, its listeners held to `limits`.
+async fn start_verbs(
+    api: &FakeApiServer,
+    tls: Option<tessera_extender::service::VerbTls>,
+    limits: tessera_extender::service::tls::ListenerLimits,
+) -> anyhow::Result<tessera_extender::service::Running> {
+    let cluster = std::sync::Arc::new(tessera_extender::service::cluster::Cluster::new(
+        Default::default(),
+        keys(),
+        Default::default(),
+    ));
+    tessera_extender::service::start(
+        api.client()?,
+        cluster,
+        tessera_extender::service::ServiceConfig {
+            listen: "127.0.0.1:0".parse()?,
+            prefix: PREFIX.into(),
+            body_limit: 1 << 20,
+            lease: None,
+            tls,
+            claims: false,
+            webhook: None,
+            limits,
+        },
+    )
+    .await
+}
+
 /// One HTTP/1.1 request over TLS to `addr` (server name `localhost`, trusting `ca`), with a
 /// client certificate when given: the status and body, or the handshake's error.
 async fn over_tls(
@@ -1299,7 +1314,6 @@ async fn over_tls(
 /// answer anyone; the scheduler's certificate binds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verbs_answer_only_the_schedulers_client_certificate() -> anyhow::Result<()> {
-    use std::sync::Arc;
     use tessera_claims::admission::certs::generate_with_clients;
     let api = FakeApiServer::start().await?;
     api.create_node(&gpu_node("t1", "t4x2"))?;
@@ -1314,28 +1328,14 @@ async fn verbs_answer_only_the_schedulers_client_certificate() -> anyhow::Result
     ] {
         std::fs::write(dir.path().join(name), bytes)?;
     }
-    let cluster = Arc::new(tessera_extender::service::cluster::Cluster::new(
+    let running = start_verbs(
+        &api,
+        Some(tessera_extender::service::VerbTls::Files {
+            cert: dir.path().join("tls.crt"),
+            key: dir.path().join("tls.key"),
+            client_ca: Some(dir.path().join("ca.crt")),
+        }),
         Default::default(),
-        keys(),
-        Default::default(),
-    ));
-    let running = tessera_extender::service::start(
-        api.client()?,
-        cluster,
-        tessera_extender::service::ServiceConfig {
-            listen: "127.0.0.1:0".parse()?,
-            prefix: PREFIX.into(),
-            body_limit: 1 << 20,
-            lease: None,
-            tls: Some(tessera_extender::service::VerbTls::Files {
-                cert: dir.path().join("tls.crt"),
-                key: dir.path().join("tls.key"),
-                client_ca: Some(dir.path().join("ca.crt")),
-            }),
-            claims: false,
-            limits: Default::default(),
-            webhook: None,
-        },
     )
     .await?;
     let addr = running.addr;
@@ -1387,7 +1387,6 @@ async fn verbs_answer_only_the_schedulers_client_certificate() -> anyhow::Result
 /// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn self_kept_verb_certificates_are_split_and_rotate_without_a_restart() -> anyhow::Result<()> {
-    use std::sync::Arc;
     use tessera_extender::service::verb_certs::{STATE_ANNOTATION, VerbCerts};
     const NS: &str = "tessera-system";
     let api = FakeApiServer::start().await?;
@@ -1412,25 +1411,11 @@ async fn self_kept_verb_certificates_are_split_and_rotate_without_a_restart() ->
         service: "localhost".into(),
         pending_grace: Duration::from_secs(2),
     };
-    let cluster = Arc::new(tessera_extender::service::cluster::Cluster::new(
-        Default::default(),
-        keys(),
-        Default::default(),
-    ));
     let begun = std::time::Instant::now();
-    let running = tessera_extender::service::start(
-        api.client()?,
-        cluster,
-        tessera_extender::service::ServiceConfig {
-            listen: "127.0.0.1:0".parse()?,
-            prefix: PREFIX.into(),
-            body_limit: 1 << 20,
-            lease: None,
-            tls: Some(tessera_extender::service::VerbTls::SelfManaged(certs)),
-            claims: false,
-            limits: Default::default(),
-            webhook: None,
-        },
+    let running = start_verbs(
+        &api,
+        Some(tessera_extender::service::VerbTls::SelfManaged(certs)),
+        Default::default(),
     )
     .await?;
     let waited = begun.elapsed();
@@ -1540,7 +1525,6 @@ async fn self_kept_verb_certificates_are_split_and_rotate_without_a_restart() ->
 /// memory without bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listeners_drop_slow_clients_and_bound_connections() -> anyhow::Result<()> {
-    use std::sync::Arc;
     use std::time::Instant;
     use tessera_extender::service::tls::ListenerLimits;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -1550,31 +1534,7 @@ async fn listeners_drop_slow_clients_and_bound_connections() -> anyhow::Result<(
         header_read: Duration::from_millis(400),
         connections: 2,
     };
-    let start = |tls: Option<tessera_extender::service::VerbTls>| {
-        let cluster = Arc::new(tessera_extender::service::cluster::Cluster::new(
-            Default::default(),
-            keys(),
-            Default::default(),
-        ));
-        let client = api.client();
-        async move {
-            tessera_extender::service::start(
-                client?,
-                cluster,
-                tessera_extender::service::ServiceConfig {
-                    listen: "127.0.0.1:0".parse()?,
-                    prefix: PREFIX.into(),
-                    body_limit: 1 << 20,
-                    lease: None,
-                    tls,
-                    claims: false,
-                    webhook: None,
-                    limits,
-                },
-            )
-            .await
-        }
-    };
+    let start = |tls: Option<tessera_extender::service::VerbTls>| start_verbs(&api, tls, limits);
     // Closed by the server: the read ends (0 bytes or an error) before `within`.
     async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> bool {
         let mut buf = [0u8; 256];

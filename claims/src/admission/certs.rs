@@ -123,6 +123,24 @@ pub fn generate_with_clients(names: Vec<String>, clients: &[&str]) -> anyhow::Re
     Ok((serving, clients))
 }
 
+/// A `kubernetes.io/tls` Secret of Tessera's (labelled part of it) holding `files`.
+pub fn tls_secret(namespace: &str, name: &str, files: BTreeMap<String, Vec<u8>>) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/part-of".to_string(),
+                "tessera".to_string(),
+            )])),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(files.into_iter().map(|(k, v)| (k, ByteString(v))).collect()),
+        ..Default::default()
+    }
+}
+
 /// The PEM files of a Secret the extender keeps, read when it exists with every key of
 /// `keys`; else `make`s them and creates the Secret. Replicas starting together all end up with
 /// whichever was created first (no replica overwrites another's).
@@ -150,20 +168,7 @@ pub async fn ensure_secret_files(
         return files(&s);
     }
     let fresh = make()?;
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            namespace: Some(namespace.to_string()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/part-of".to_string(),
-                "tessera".to_string(),
-            )])),
-            ..Default::default()
-        },
-        type_: Some("kubernetes.io/tls".into()),
-        data: Some(fresh.iter().map(|(k, v)| (k.clone(), ByteString(v.clone()))).collect()),
-        ..Default::default()
-    };
+    let secret = tls_secret(namespace, name, fresh.clone());
     match api.create(&PostParams::default(), &secret).await {
         Ok(_) => {
             info!(secret = what(), "created the certificates");

@@ -16,11 +16,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
-use tessera_claims::admission::certs::{ServingCert, complete, generate_with_clients, service_names};
+use tessera_claims::admission::certs::{ServingCert, complete, generate_with_clients, service_names, tls_secret};
 use tracing::{info, warn};
 
 /// The scheduler's client certificate's common name.
@@ -56,21 +55,9 @@ pub fn usable(s: &Secret) -> Option<ServingCert> {
 }
 
 fn secret(namespace: &str, name: &str, cert: ServingCert, state: Option<&str>) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            namespace: Some(namespace.to_string()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/part-of".to_string(),
-                "tessera".to_string(),
-            )])),
-            annotations: state.map(|s| BTreeMap::from([(STATE_ANNOTATION.to_string(), s.to_string())])),
-            ..Default::default()
-        },
-        type_: Some("kubernetes.io/tls".into()),
-        data: Some(cert.into_files().into_iter().map(|(k, v)| (k, ByteString(v))).collect()),
-        ..Default::default()
-    }
+    let mut s = tls_secret(namespace, name, cert.into_files());
+    s.metadata.annotations = state.map(|s| BTreeMap::from([(STATE_ANNOTATION.to_string(), s.to_string())]));
+    s
 }
 
 /// The extender's serving certificate, key and client CA, making a new pair (and both
