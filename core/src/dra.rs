@@ -19,9 +19,15 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+mod carve;
+
+pub use carve::{
+    Carve, CarveLedger, carvable, carve_of, counter_set, counter_set_name, foreign, placement_device_name,
+};
+
 use crate::cdi::{CdiDevice, CdiEdits, CdiSpec};
 use crate::handoff::AllocatedDevice;
-use crate::inventory::{Gpu, NodeInventory};
+use crate::inventory::{Gpu, MadeInstance, MigDevice, NodeInventory};
 use crate::quantity::Amount;
 
 /// The DRA driver name: DeviceClasses select `device.driver == "gpu.tessera.io"`.
@@ -83,6 +89,16 @@ pub enum DraError {
         name: String,
         /// Its value.
         value: String,
+        /// Why.
+        reason: String,
+    },
+    /// A MIG instance the claim was allocated could not be created.
+    #[error("claim {claim}: device {device:?}: cannot create its MIG instance: {reason}")]
+    Carve {
+        /// `namespace/name`.
+        claim: String,
+        /// The device.
+        device: String,
         /// Why.
         reason: String,
     },
@@ -172,19 +188,45 @@ fn q(s: String) -> Quantity {
 /// allocated keep them, the scheduler allocates them to no new claim).
 pub const UNHEALTHY_TAINT: &str = "gpu.tessera.io/unhealthy";
 
+/// What a node publishes: its devices, and the counter sets its partitionable devices draw
+/// on (in slices of their own: a slice holds devices or counters, not both).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Published {
+    /// The devices.
+    pub devices: Vec<resource::Device>,
+    /// The cards' counter sets (dynamic MIG).
+    pub counter_sets: Vec<resource::CounterSet>,
+}
+
 /// The devices node `inv` publishes: every card that is not in MIG mode, shareable by
 /// consumable capacity (`cores` 1..100 in steps of 1, `memory` in steps of `memory_unit_mib`,
 /// a request naming neither takes the whole card), and every carved MIG device. The devices of
 /// an unhealthy card carry [`UNHEALTHY_TAINT`] until it recovers (an API server that does not
 /// serve device taints drops them: [`untainted`] is what to publish there).
 pub fn slice_devices(inv: &NodeInventory, memory_unit_mib: u64) -> Vec<resource::Device> {
+    publish(inv, memory_unit_mib, false, &[]).devices
+}
+
+/// What node `inv` publishes: as [`slice_devices`], except that with `dynamic_mig` (the
+/// node's [`crate::names::LABEL_DYNAMIC_MIG`]) a card in MIG mode whose profiles are known is
+/// offered as every instance it could create, over its counter set; `ours` are the instances
+/// Tessera created (the others are offered as they are, the placements they cover not at all).
+pub fn publish(inv: &NodeInventory, memory_unit_mib: u64, dynamic_mig: bool, ours: &[Carve]) -> Published {
     let unit = memory_unit_mib.max(1);
-    let mut out = Vec::new();
+    let mut out = Published::default();
     for gpu in &inv.gpus {
-        let first = out.len();
-        push_card_devices(inv, gpu, unit, &mut out);
+        let first = out.devices.len();
+        if dynamic_mig && carvable(gpu) {
+            let common = common_attributes(inv, gpu);
+            out.devices
+                .extend(foreign(gpu, ours).map(|m| mig_device(gpu, m, &common)));
+            out.devices.extend(carve::placement_devices(gpu, ours, &common));
+            out.counter_sets.push(counter_set(gpu));
+        } else {
+            push_card_devices(inv, gpu, unit, ours, &mut out.devices);
+        }
         if let crate::inventory::Health::Unhealthy { .. } = &gpu.health {
-            for d in &mut out[first..] {
+            for d in &mut out.devices[first..] {
                 d.taints = Some(vec![resource::DeviceTaint {
                     key: UNHEALTHY_TAINT.into(),
                     value: None,
@@ -197,46 +239,58 @@ pub fn slice_devices(inv: &NodeInventory, memory_unit_mib: u64) -> Vec<resource:
     out
 }
 
+fn common_attributes(inv: &NodeInventory, gpu: &Gpu) -> BTreeMap<String, resource::DeviceAttribute> {
+    BTreeMap::from([
+        ("uuid".to_string(), string(&gpu.uuid)),
+        ("model".to_string(), string(&gpu.model)),
+        ("index".to_string(), int(i64::from(gpu.index))),
+        ("driverVersion".to_string(), string(&inv.driver_version)),
+    ])
+}
+
+/// The device of MIG instance `m` of `gpu`, as it is.
+fn mig_device(gpu: &Gpu, m: &MigDevice, common: &BTreeMap<String, resource::DeviceAttribute>) -> resource::Device {
+    let mut attributes = common.clone();
+    attributes.insert("uuid".into(), string(&m.uuid));
+    attributes.insert("parentUUID".into(), string(&gpu.uuid));
+    attributes.insert("type".into(), string("mig"));
+    attributes.insert("profile".into(), string(&m.profile.to_string()));
+    attributes.insert("shareable".into(), boolean(false));
+    resource::Device {
+        name: device_name(gpu, Some((m.gi, m.ci))),
+        attributes: Some(attributes),
+        capacity: Some(BTreeMap::from([(
+            CAPACITY_MEMORY.to_string(),
+            resource::DeviceCapacity {
+                value: q(format!("{}Mi", m.memory_mib)),
+                request_policy: None,
+            },
+        )])),
+        ..Default::default()
+    }
+}
+
 /// `devices` without the tainted ones: for an API server that drops device taints (the
 /// feature off), where a tainted device would be offered as if healthy.
 pub fn untainted(devices: &[resource::Device]) -> Vec<resource::Device> {
     devices.iter().filter(|d| d.taints.is_none()).cloned().collect()
 }
 
-/// The devices of one card: its MIG devices when in MIG mode, else the card.
-fn push_card_devices(inv: &NodeInventory, gpu: &crate::inventory::Gpu, unit: u64, out: &mut Vec<resource::Device>) {
-    let common = [
-        ("uuid", string(&gpu.uuid)),
-        ("model", string(&gpu.model)),
-        ("index", int(i64::from(gpu.index))),
-        ("driverVersion", string(&inv.driver_version)),
-    ];
+/// The devices of one card: its MIG devices when in MIG mode (but those Tessera created for
+/// claims, `ours`, which the claims hold), else the card.
+fn push_card_devices(
+    inv: &NodeInventory,
+    gpu: &crate::inventory::Gpu,
+    unit: u64,
+    ours: &[Carve],
+    out: &mut Vec<resource::Device>,
+) {
+    let common = common_attributes(inv, gpu);
     if gpu.mig_enabled {
-        for m in &gpu.mig_devices {
-            let mut attributes: BTreeMap<String, resource::DeviceAttribute> =
-                common.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-            attributes.insert("uuid".into(), string(&m.uuid));
-            attributes.insert("parentUUID".into(), string(&gpu.uuid));
-            attributes.insert("type".into(), string("mig"));
-            attributes.insert("profile".into(), string(&m.profile.to_string()));
-            attributes.insert("shareable".into(), boolean(false));
-            out.push(resource::Device {
-                name: device_name(gpu, Some((m.gi, m.ci))),
-                attributes: Some(attributes),
-                capacity: Some(BTreeMap::from([(
-                    CAPACITY_MEMORY.to_string(),
-                    resource::DeviceCapacity {
-                        value: q(format!("{}Mi", m.memory_mib)),
-                        request_policy: None,
-                    },
-                )])),
-                ..Default::default()
-            });
-        }
+        out.extend(foreign(gpu, ours).map(|m| mig_device(gpu, m, &common)));
         return;
     }
-    let mut attributes: BTreeMap<String, resource::DeviceAttribute> =
-        common.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let mut attributes = common;
     attributes.insert("type".into(), string("gpu"));
     attributes.insert("shareable".into(), boolean(true));
     // The memory a share may ask: whole units, the default (and most) all whole units.
@@ -283,7 +337,8 @@ fn push_card_devices(inv: &NodeInventory, gpu: &crate::inventory::Gpu, unit: u64
 }
 
 /// Every device the node has in DRA terms, with why it is unhealthy (`None`: healthy): each
-/// card not in MIG mode, and each carved MIG device (unhealthy with its card).
+/// card not in MIG mode, each MIG instance and each instance a card could create (unhealthy
+/// with its card).
 pub fn device_health(inv: &NodeInventory) -> Vec<(String, Option<String>)> {
     let mut out = Vec::new();
     for gpu in &inv.gpus {
@@ -297,6 +352,13 @@ pub fn device_health(inv: &NodeInventory) -> Vec<(String, Option<String>)> {
                     .iter()
                     .map(|m| (device_name(gpu, Some((m.gi, m.ci))), why.clone())),
             );
+            for info in &gpu.mig_profiles {
+                out.extend(
+                    info.placements
+                        .iter()
+                        .map(|p| (placement_device_name(gpu, info, *p), why.clone())),
+                );
+            }
         } else {
             out.push((device_name(gpu, None), why));
         }
@@ -309,25 +371,62 @@ pub fn slice_name(node: &str) -> String {
     format!("{node}-{DRIVER}")
 }
 
+/// Devices per slice: the API's limit where devices have taints or consume counters (128
+/// otherwise; one limit keeps a node's layout stable as cards go unhealthy).
+pub const DEVICES_PER_SLICE: usize = 64;
+/// Counter sets per slice (the API's limit).
+pub const COUNTER_SETS_PER_SLICE: usize = 8;
+
 /// Node `node`'s ResourceSlice: one pool named after the node, at `generation`.
 pub fn slice(node: &str, generation: i64, devices: Vec<resource::Device>) -> resource::ResourceSlice {
-    resource::ResourceSlice {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-            name: Some(slice_name(node)),
-            ..Default::default()
-        },
-        spec: resource::ResourceSliceSpec {
-            driver: DRIVER.into(),
-            node_name: Some(node.into()),
-            pool: resource::ResourcePool {
-                name: node.into(),
-                generation,
-                resource_slice_count: 1,
-            },
-            devices: Some(devices),
-            ..Default::default()
-        },
+    let published = Published {
+        devices,
+        counter_sets: vec![],
+    };
+    slices(node, generation, &published).remove(0)
+}
+
+/// Node `node`'s ResourceSlices, all of one pool named after the node at `generation`: the
+/// devices [`DEVICES_PER_SLICE`] at a time (the first slice named [`slice_name`], the others
+/// with `-1`, `-2`, ... after it; one empty slice for a node without devices), then the
+/// counter sets [`COUNTER_SETS_PER_SLICE`] at a time (`-counters-0`, ...).
+pub fn slices(node: &str, generation: i64, published: &Published) -> Vec<resource::ResourceSlice> {
+    let mut specs: Vec<(String, Option<Vec<resource::Device>>, Option<Vec<resource::CounterSet>>)> = Vec::new();
+    let base = slice_name(node);
+    let chunks: Vec<&[resource::Device]> = if published.devices.is_empty() {
+        vec![&[]]
+    } else {
+        published.devices.chunks(DEVICES_PER_SLICE).collect()
+    };
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        let name = if i == 0 { base.clone() } else { format!("{base}-{i}") };
+        specs.push((name, Some(chunk.to_vec()), None));
     }
+    for (i, chunk) in published.counter_sets.chunks(COUNTER_SETS_PER_SLICE).enumerate() {
+        specs.push((format!("{base}-counters-{i}"), None, Some(chunk.to_vec())));
+    }
+    let count = specs.len() as i64;
+    specs
+        .into_iter()
+        .map(|(name, devices, shared_counters)| resource::ResourceSlice {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name),
+                ..Default::default()
+            },
+            spec: resource::ResourceSliceSpec {
+                driver: DRIVER.into(),
+                node_name: Some(node.into()),
+                pool: resource::ResourcePool {
+                    name: node.into(),
+                    generation,
+                    resource_slice_count: count,
+                },
+                devices,
+                shared_counters,
+                ..Default::default()
+            },
+        })
+        .collect()
 }
 
 /// One device of a prepared claim.
@@ -345,6 +444,9 @@ pub struct PreparedDevice {
     pub share_id: Option<String>,
     /// What the container gets: a whole card, a share of one, or a MIG device.
     pub allocated: AllocatedDevice,
+    /// The MIG instance created for the claim (dynamic MIG), destroyed when it is unprepared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carved: Option<Carve>,
 }
 
 /// A claim as the node prepared it.
@@ -385,6 +487,21 @@ pub fn prepare(
     asked_uid: &str,
     claim: &resource::ResourceClaim,
 ) -> Result<PreparedClaim, DraError> {
+    prepare_with(inv, node, asked_uid, claim, &mut |_| {
+        Err("this node creates no MIG instances".into())
+    })
+}
+
+/// As [`prepare`], with `carve` creating the MIG instance of a result that names one a card
+/// could create (dynamic MIG); it returns the instance made. On an error the instances made
+/// so far are in no record: the caller destroys them.
+pub fn prepare_with(
+    inv: &NodeInventory,
+    node: &str,
+    asked_uid: &str,
+    claim: &resource::ResourceClaim,
+    carve: &mut dyn FnMut(&Carve) -> Result<MadeInstance, String>,
+) -> Result<PreparedClaim, DraError> {
     let namespace = claim.metadata.namespace.clone().unwrap_or_default();
     let name = claim.metadata.name.clone().unwrap_or_default();
     let key = format!("{namespace}/{name}");
@@ -420,7 +537,6 @@ pub fn prepare(
         if r.pool != node {
             return Err(unknown());
         }
-        let allocated = allocated_device(inv, &key, r)?.ok_or_else(unknown)?;
         // One device serving several requests of the claim is listed once.
         if let Some(d) = devices
             .iter_mut()
@@ -429,12 +545,37 @@ pub fn prepare(
             d.requests.push(r.request.clone());
             continue;
         }
+        let planned = inv
+            .gpus
+            .iter()
+            .filter(|g| g.health.is_healthy() && carvable(g))
+            .find_map(|g| carve_of(g, &r.device).map(|c| (g, c)));
+        let (allocated, carved) = match planned {
+            Some((gpu, plan)) => {
+                let m = carve(&plan).map_err(|reason| DraError::Carve {
+                    claim: key.clone(),
+                    device: r.device.clone(),
+                    reason,
+                })?;
+                let allocated = AllocatedDevice::Mig {
+                    uuid: m.uuid,
+                    profile: plan.profile.clone(),
+                    parent_uuid: gpu.uuid.clone(),
+                    parent_index: gpu.index,
+                    gi: m.gi,
+                    ci: m.ci,
+                };
+                (allocated, Some(plan))
+            }
+            None => (allocated_device(inv, &key, r)?.ok_or_else(unknown)?, None),
+        };
         devices.push(PreparedDevice {
             requests: vec![r.request.clone()],
             pool: r.pool.clone(),
             device: r.device.clone(),
             share_id: r.share_id.clone(),
             allocated,
+            carved,
         });
     }
     Ok(PreparedClaim {

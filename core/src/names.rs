@@ -29,6 +29,15 @@ pub const LABEL_DRA: &str = "tessera.io/dra";
 pub fn offers_dra(labels: Option<&std::collections::BTreeMap<String, String>>) -> bool {
     labels.and_then(|l| l.get(LABEL_DRA)).is_some_and(|v| v == "true")
 }
+/// Node label: `"true"` lets the DRA plugin create and destroy MIG instances per claim on the
+/// node's cards in MIG mode (dynamic MIG); otherwise it offers the instances the cards have.
+pub const LABEL_DYNAMIC_MIG: &str = "tessera.io/dynamic-mig";
+/// Whether a node's labels ask for dynamic MIG ([`LABEL_DYNAMIC_MIG`]).
+pub fn dynamic_mig(labels: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    labels
+        .and_then(|l| l.get(LABEL_DYNAMIC_MIG))
+        .is_some_and(|v| v == "true")
+}
 /// Namespace label, set by the operator: the tenant its pods belong to (namespaces with the
 /// same value are one tenant); without it a namespace is a tenant of its own.
 pub const LABEL_TENANT: &str = "tessera.io/tenant";

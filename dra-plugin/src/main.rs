@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use clap::Parser;
 use tessera_core::dra::{PLUGIN_DIR, REGISTRY_DIR};
-use tessera_core::inventory::{FixtureSource, InventorySource};
+use tessera_core::inventory::{FixtureMigInstances, FixtureSource, InventorySource, MigPartitioner};
 use tessera_core::request::DEFAULT_MEMORY_UNIT_MIB;
 use tessera_dra_plugin::driver::ApiClaims;
 use tessera_dra_plugin::service::{self, Config};
 use tessera_dra_plugin::slices::SlicePublisher;
-use tessera_node::inventory::NvmlSource;
+use tessera_node::inventory::{NvmlMig, NvmlSource};
 
 /// Tessera's kubelet DRA plugin (driver gpu.tessera.io, Kubernetes 1.34+).
 #[derive(Parser)]
@@ -63,14 +63,31 @@ async fn main() -> anyhow::Result<()> {
     if cli.node_name.is_empty() {
         anyhow::bail!("--node-name (NODE_NAME) is empty: the pool is named after the node");
     }
-    let source: Box<dyn InventorySource + Send + Sync> = match &cli.fixture {
-        Some(f) => Box::new(FixtureSource::readable(f).map_err(|e| anyhow::anyhow!("--fixture {}: {e}", f.display()))?),
-        None => Box::new(NvmlSource {
-            host_root: cli.host_root.clone(),
-            driver_root: cli.driver_root.clone(),
-            ..Default::default()
-        }),
-    };
+    // Dynamic MIG creates instances through NVML, or in a fixture file (a built-in fixture
+    // cannot change).
+    let (source, partitioner): (Box<dyn InventorySource + Send + Sync>, Option<Arc<dyn MigPartitioner>>) =
+        match &cli.fixture {
+            Some(f) => (
+                Box::new(FixtureSource::readable(f).map_err(|e| anyhow::anyhow!("--fixture {}: {e}", f.display()))?),
+                f.is_file()
+                    .then(|| Arc::new(FixtureMigInstances::new(f)) as Arc<dyn MigPartitioner>),
+            ),
+            None => {
+                let nvml = NvmlSource {
+                    host_root: cli.host_root.clone(),
+                    driver_root: cli.driver_root.clone(),
+                    ..Default::default()
+                };
+                let partitioner = match nvml.open() {
+                    Ok(n) => Some(Arc::new(NvmlMig::new(n)) as Arc<dyn MigPartitioner>),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no NVML: MIG instances are not created per claim");
+                        None
+                    }
+                };
+                (Box::new(nvml), partitioner)
+            }
+        };
     let client = kube::Client::try_default()
         .await
         .map_err(|e| anyhow::anyhow!("no Kubernetes API server (in-cluster or KUBECONFIG): {e}"))?;
@@ -83,6 +100,7 @@ async fn main() -> anyhow::Result<()> {
         state_dir: cli.state_dir,
         memory_unit_mib: cli.memory_unit_mib,
         poll: Duration::from_secs(cli.poll_secs.max(1)),
+        partitioner,
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     service::run(config, source, Arc::new(ApiClaims(client)), Some(slices), async move {

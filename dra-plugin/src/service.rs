@@ -23,7 +23,7 @@ use crate::slices::{SlicePublisher, Synced};
 pub const DRA_SOCKET: &str = "dra.sock";
 
 /// Settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Config {
     /// This node's name (the pool's name).
     pub node: String,
@@ -39,6 +39,8 @@ pub struct Config {
     pub memory_unit_mib: u64,
     /// How often the node's cards are read.
     pub poll: Duration,
+    /// Creates and destroys MIG instances (dynamic MIG); `None`: the node creates none.
+    pub partitioner: Option<Arc<dyn tessera_core::inventory::MigPartitioner>>,
 }
 
 fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
@@ -68,13 +70,17 @@ pub async fn run(
         inventory: inventory.clone(),
         stop: stop_rx.clone(),
     };
-    let preparer = Arc::new(Preparer::new(
+    let mut preparer = Preparer::new(
         &config.node,
         inventory,
         ClaimStore::new(&config.state_dir),
         config.cdi_dir.clone(),
         claims,
-    ));
+    );
+    if let Some(p) = config.partitioner.clone() {
+        preparer = preparer.creating_instances(p, crate::driver::CDI_WAIT);
+    }
+    let preparer = Arc::new(preparer);
     preparer.clean_orphan_markers();
     // The DRA socket is served before the kubelet hears of it.
     let dra_socket = config.plugin_dir.join(DRA_SOCKET);
@@ -118,11 +124,19 @@ pub async fn run(
                     }
                     Err(e) => warn!(error = %e, "the node's GPUs are unreadable; keeping the last reading"),
                 }
-                let devices = inventory_tx.borrow().as_deref().map(|inv| dra::slice_devices(inv, config.memory_unit_mib));
-                if let (Some(publisher), Some(devices)) = (slices.as_mut(), devices) {
-                    let count = devices.len();
-                    match publisher.sync(devices).await {
-                        Ok(Synced::Published(generation)) => info!(devices = count, generation, "ResourceSlice published"),
+                let inv = inventory_tx.borrow().clone();
+                let Some(inv) = inv else { continue };
+                preparer.clean_unfinished_carving(&inv).await;
+                if let Some(publisher) = slices.as_mut() {
+                    let ours = preparer.carved();
+                    let mut count = 0;
+                    let published = |dynamic_mig| {
+                        let p = dra::publish(&inv, config.memory_unit_mib, dynamic_mig, &ours);
+                        count = p.devices.len();
+                        p
+                    };
+                    match publisher.sync(published).await {
+                        Ok(Synced::Published(generation)) => info!(devices = count, generation, "ResourceSlices published"),
                         Ok(Synced::Unchanged | Synced::Withdrawn) => {}
                         Err(e) => warn!(error = %e, "cannot publish the ResourceSlice; tried again at the next poll"),
                     }

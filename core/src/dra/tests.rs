@@ -367,6 +367,7 @@ fn a_cards_shares_go_to_one_tenant_unless_the_node_opts_in() {
                 memory_mib: 4096,
                 exclusive,
             },
+            carved: None,
         }],
     };
     let held = vec![(claim("a", "team-a", "GPU-1", false), "team-a".to_string())];
@@ -384,4 +385,271 @@ fn a_cards_shares_go_to_one_tenant_unless_the_node_opts_in() {
         check_tenancy(&claim("d", "team-b", "GPU-1", true), "team-b", &held, false),
         Ok(())
     );
+}
+
+fn device<'a>(p: &'a Published, name: &str) -> &'a resource::Device {
+    p.devices
+        .iter()
+        .find(|d| d.name == name)
+        .unwrap_or_else(|| panic!("no device {name}"))
+}
+
+fn consumed(d: &resource::Device) -> BTreeMap<String, String> {
+    let c = d.consumes_counters.as_ref().expect("consumes counters");
+    assert_eq!(c.len(), 1);
+    c[0].counters
+        .iter()
+        .map(|(k, v)| (k.clone(), v.value.0.clone()))
+        .collect()
+}
+
+#[test]
+fn dynamic_mig_publishes_every_placement_over_the_cards_counters() {
+    let inv = inv("a100-dynamic-mig");
+    // Without the node's label the cards in MIG mode offer the instances they have: none.
+    assert!(publish(&inv, 1024, false, &[]).devices.is_empty());
+    let p = publish(&inv, 1024, true, &[]);
+    // Per A100-40GB: 7 + 7 (+me) + 4 + 3 + 2 + 1 + 1 placements.
+    assert_eq!(p.devices.len(), 2 * 25);
+    assert_eq!(p.counter_sets.len(), 2);
+    let set = &p.counter_sets[0];
+    assert_eq!(set.name, "gpu-0-counters");
+    let totals: BTreeMap<&str, &str> = set
+        .counters
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.value.0.as_str()))
+        .collect();
+    assert_eq!(totals["compute-slices"], "7");
+    assert_eq!(totals["decoders"], "5");
+    assert_eq!(totals["jpeg-decoders"], "1");
+    assert_eq!(
+        (1..=8)
+            .filter(|s| totals.contains_key(format!("memory-slice-{}", s - 1).as_str()))
+            .count(),
+        8
+    );
+    assert!(!totals.contains_key("encoders"), "an A100 has no encoder: no counter");
+    let small = device(&p, "gpu-0-mig-3g-20gb-at-4");
+    assert_eq!(
+        consumed(small),
+        BTreeMap::from(
+            [
+                ("compute-slices", "3"),
+                ("decoders", "2"),
+                ("memory-slice-4", "1"),
+                ("memory-slice-5", "1"),
+                ("memory-slice-6", "1"),
+                ("memory-slice-7", "1"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+        )
+    );
+    let me = device(&p, "gpu-1-mig-1g-5gb-me-at-3");
+    assert_eq!(consumed(me)["jpeg-decoders"], "1");
+    assert_eq!(me.consumes_counters.as_ref().unwrap()[0].counter_set, "gpu-1-counters");
+    let attrs = me.attributes.as_ref().unwrap();
+    assert_eq!(attrs["profile"].string.as_deref(), Some("1g.5gb+me"));
+    assert_eq!(attrs["type"].string.as_deref(), Some("mig"));
+    assert_eq!(attrs["placementStart"].int, Some(3));
+    // Every counter a device consumes is one of its card's, and no more than the card has.
+    for d in &p.devices {
+        let set = &p.counter_sets[if d.name.starts_with("gpu-0") { 0 } else { 1 }];
+        for (k, v) in consumed(d) {
+            let have: u32 = set.counters[&k].value.0.parse().unwrap();
+            assert!(v.parse::<u32>().unwrap() <= have, "{}: {k}={v} of {have}", d.name);
+        }
+        assert!(
+            d.name.len() <= 63
+                && d.name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        );
+    }
+}
+
+#[test]
+fn slices_hold_devices_or_counters_within_the_apis_limits() {
+    let inv = inv("a100-dynamic-mig");
+    let mut p = publish(&inv, 1024, true, &[]);
+    // Nine cards' counter sets: two counter slices (8 sets at most in one).
+    for i in 2..9 {
+        let mut set = p.counter_sets[0].clone();
+        set.name = format!("gpu-{i}-counters");
+        p.counter_sets.push(set);
+    }
+    let s = slices("node-a", 4, &p);
+    let names: Vec<&str> = s.iter().map(|s| s.metadata.name.as_deref().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "node-a-gpu.tessera.io",
+            "node-a-gpu.tessera.io-counters-0",
+            "node-a-gpu.tessera.io-counters-1"
+        ]
+    );
+    for slice in &s {
+        assert_eq!(slice.spec.pool.resource_slice_count, 3);
+        assert_eq!(slice.spec.pool.generation, 4);
+        assert_eq!(slice.spec.node_name.as_deref(), Some("node-a"));
+        assert!(slice.spec.devices.is_some() != slice.spec.shared_counters.is_some());
+        assert!(slice.spec.devices.as_ref().is_none_or(|d| d.len() <= DEVICES_PER_SLICE));
+        assert!(
+            slice
+                .spec
+                .shared_counters
+                .as_ref()
+                .is_none_or(|c| c.len() <= COUNTER_SETS_PER_SLICE)
+        );
+    }
+    // 130 devices: three device slices.
+    let many = Published {
+        devices: (0..130)
+            .map(|i| resource::Device {
+                name: format!("d-{i}"),
+                ..Default::default()
+            })
+            .collect(),
+        counter_sets: vec![],
+    };
+    let s = slices("n", 1, &many);
+    assert_eq!(s.len(), 3);
+    assert_eq!(s[2].metadata.name.as_deref(), Some("n-gpu.tessera.io-2"));
+    assert_eq!(s[2].spec.devices.as_ref().unwrap().len(), 2);
+    // No device at all: one empty slice, so the pool says the node has nothing.
+    assert_eq!(slices("n", 1, &Published::default()).len(), 1);
+}
+
+#[test]
+fn an_instance_tessera_did_not_make_is_offered_as_it_is_and_its_placements_are_not() {
+    let mut inv = inv("a100-dynamic-mig");
+    let gpu = inv.gpus[0].clone();
+    let foreign = MigDevice {
+        index: 0,
+        uuid: "MIG-11111111-2222-3333-4444-555555555555".into(),
+        gi: 3,
+        ci: 0,
+        profile: "2g.10gb".parse().unwrap(),
+        memory_mib: 9856,
+        gi_access: gpu.device.clone(),
+        ci_access: gpu.device.clone(),
+        placement: Some(crate::inventory::MigPlacement { start: 2, size: 2 }),
+    };
+    inv.gpus[0].mig_devices.push(foreign.clone());
+    let p = publish(&inv, 1024, true, &[]);
+    let names: Vec<&str> = p
+        .devices
+        .iter()
+        .map(|d| d.name.as_str())
+        .filter(|n| n.starts_with("gpu-0-"))
+        .collect();
+    assert!(names.contains(&"gpu-0-mig-3-0"), "{names:?}");
+    for gone in [
+        "gpu-0-mig-2g-10gb-at-2",
+        "gpu-0-mig-1g-5gb-at-3",
+        "gpu-0-mig-3g-20gb-at-0",
+        "gpu-0-mig-7g-40gb-at-0",
+    ] {
+        assert!(
+            !names.contains(&gone),
+            "{gone} overlaps the operator's instance: {names:?}"
+        );
+    }
+    for kept in [
+        "gpu-0-mig-2g-10gb-at-0",
+        "gpu-0-mig-1g-5gb-at-1",
+        "gpu-0-mig-3g-20gb-at-4",
+    ] {
+        assert!(names.contains(&kept), "{kept}: {names:?}");
+    }
+    // The same instance made by Tessera for a claim: not offered (the claim holds it), and
+    // its placements stay offered (the scheduler counts the claim's counters).
+    let ours = carve_of(&gpu, "gpu-0-mig-2g-10gb-at-2").unwrap();
+    assert_eq!(ours.profile_id, 14);
+    let p = publish(&inv, 1024, true, std::slice::from_ref(&ours));
+    assert!(p.devices.iter().all(|d| d.name != "gpu-0-mig-3-0"));
+    assert!(p.devices.iter().any(|d| d.name == "gpu-0-mig-2g-10gb-at-2"));
+    // Nor is it offered once the label goes: the claim still holds it.
+    let p = publish(&inv, 1024, false, std::slice::from_ref(&ours));
+    assert!(p.devices.iter().all(|d| d.name != "gpu-0-mig-3-0"));
+    let p = publish(&inv, 1024, false, &[]);
+    assert!(p.devices.iter().any(|d| d.name == "gpu-0-mig-3-0"));
+    // An instance of unknown placement covers the card.
+    inv.gpus[0].mig_devices[0].placement = None;
+    let p = publish(&inv, 1024, true, &[]);
+    assert_eq!(
+        p.devices.iter().filter(|d| d.name.starts_with("gpu-0-")).count(),
+        1,
+        "only the instance itself"
+    );
+}
+
+#[test]
+fn preparing_a_placement_creates_its_instance() {
+    let inv = inv("a100-dynamic-mig");
+    let c = claim(vec![result("gpu-1-mig-3g-20gb-at-4", &[])], &["p1"]);
+    let mut asked = Vec::new();
+    let got = prepare_with(&inv, "node-a", "u-1", &c, &mut |plan| {
+        asked.push(plan.clone());
+        Ok(MadeInstance {
+            gi: 2,
+            ci: 0,
+            uuid: "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee".into(),
+        })
+    })
+    .unwrap();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(
+        (
+            asked[0].parent_uuid.as_str(),
+            asked[0].profile_id,
+            asked[0].placement.start,
+            asked[0].placement.size
+        ),
+        ("GPU-7be0c9d2-3f41-4a85-b6d0-2c9e81f4a7b3", 9, 4, 4)
+    );
+    assert_eq!(got.devices[0].carved.as_ref(), Some(&asked[0]));
+    assert!(matches!(
+        &got.devices[0].allocated,
+        AllocatedDevice::Mig { uuid, gi: 2, parent_index: 1, profile, .. }
+            if uuid == "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee" && profile.to_string() == "3g.20gb"
+    ));
+    // A node that cannot create instances refuses, naming the device; so does a failed create.
+    let err = prepare(&inv, "node-a", "u-1", &c).unwrap_err().to_string();
+    assert!(
+        err.contains("gpu-1-mig-3g-20gb-at-4") && err.contains("creates no MIG instances"),
+        "{err}"
+    );
+    let err = prepare_with(&inv, "node-a", "u-1", &c, &mut |_| Err("insufficient resources".into()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("insufficient resources"), "{err}");
+    // An unhealthy card's placements are not prepared.
+    let mut sick = inv.clone();
+    sick.gpus[1].health = Health::Unhealthy {
+        reason: "XID 79".into(),
+    };
+    let err = prepare_with(&sick, "node-a", "u-1", &c, &mut |_| {
+        panic!("no instance on a sick card")
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("not a device of node"), "{err}");
+}
+
+#[test]
+fn the_carving_ledger_names_what_is_being_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = CarveLedger::new(dir.path());
+    let gpu = &inv("a100-dynamic-mig").gpus[0];
+    let a = carve_of(gpu, "gpu-0-mig-1g-5gb-at-0").unwrap();
+    let b = carve_of(gpu, "gpu-0-mig-1g-5gb-at-1").unwrap();
+    ledger.add("u-1", &a).unwrap();
+    ledger.add("u-1", &b).unwrap();
+    ledger.add("u-1", &a).unwrap();
+    assert_eq!(ledger.get("u-1").unwrap(), vec![a.clone(), b]);
+    assert!(ledger.add("../x", &a).is_err());
+    assert_eq!(ledger.list().0.len(), 1);
+    ledger.remove("u-1").unwrap();
+    ledger.remove("u-1").unwrap();
+    assert!(ledger.list().0.is_empty());
 }

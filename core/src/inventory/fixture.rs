@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    DeviceNode, DriverFile, DriverFileKind, FoundBy, Gpu, Health, InventoryError, InventorySource, MigDevice,
-    MigMinors, NodeInventory,
+    DeviceNode, DriverFile, DriverFileKind, FoundBy, Gpu, Health, InventoryError, InventorySource, MadeInstance,
+    MigDevice, MigMinors, MigPlacement, MigProfileInfo, NodeInventory,
 };
 use crate::mig::MigProfile;
 use crate::topology::GpuTopology;
@@ -33,6 +33,7 @@ use crate::topology::GpuTopology;
 pub const BUILTIN_FIXTURES: &[(&str, &str)] = &[
     ("h100x8", include_str!("../../fixtures/h100x8.yaml")),
     ("a100-mig", include_str!("../../fixtures/a100-mig.yaml")),
+    ("a100-dynamic-mig", include_str!("../../fixtures/a100-dynamic-mig.yaml")),
     ("t4x2", include_str!("../../fixtures/t4x2.yaml")),
     ("h100-nvswitch", include_str!("../../fixtures/h100-nvswitch.yaml")),
     (
@@ -63,6 +64,8 @@ struct FixtureMig {
     ci: u32,
     profile: MigProfile,
     memory_mib: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    placement: Option<MigPlacement>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -85,6 +88,8 @@ struct FixtureGpu {
     mig_enabled: bool,
     #[serde(default)]
     mig_devices: Vec<FixtureMig>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    mig_profiles: Vec<MigProfileInfo>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -167,6 +172,11 @@ impl Fixture {
             .map(|(n, text)| Self::parse(text, Path::new(n)).expect("built-in fixtures are valid"))
     }
 
+    /// The text of a built-in fixture.
+    pub fn builtin_text(name: &str) -> Option<&'static str> {
+        BUILTIN_FIXTURES.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+    }
+
     /// The node name the fixture describes, if it gives one.
     pub fn node_name(&self) -> Option<&str> {
         self.node.as_deref()
@@ -175,7 +185,15 @@ impl Fixture {
     /// Builds the inventory. `driver_root` overrides the fixture's (tests point it at a temp dir).
     pub fn to_inventory(&self, source: &Path, driver_root: Option<&Path>) -> Result<NodeInventory, InventoryError> {
         let majors = &self.majors;
-        let minors = MigMinors::parse(&self.mig_minors, &source.join("mig_minors"))?;
+        // A fixture that does not spell the table out gets the driver's standard one.
+        let minors = if self.mig_minors.trim().is_empty() {
+            MigMinors::standard(
+                self.gpus.iter().map(|g| g.minor.unwrap_or(g.index)),
+                &source.join("mig_minors"),
+            )
+        } else {
+            MigMinors::parse(&self.mig_minors, &source.join("mig_minors"))?
+        };
         let mut gpus = Vec::with_capacity(self.gpus.len());
         for g in &self.gpus {
             let minor = g.minor.unwrap_or(g.index);
@@ -197,6 +215,7 @@ impl Fixture {
                     memory_mib: m.memory_mib,
                     gi_access: char_dev(cap_path(gm), caps_major, gm),
                     ci_access: char_dev(cap_path(cm), caps_major, cm),
+                    placement: m.placement,
                 });
             }
             gpus.push(Gpu {
@@ -212,6 +231,7 @@ impl Fixture {
                 device: char_dev(format!("/dev/nvidia{minor}"), majors.nvidia, minor),
                 mig_enabled: g.mig_enabled || !g.mig_devices.is_empty(),
                 mig_devices,
+                mig_profiles: g.mig_profiles.clone(),
             });
         }
         gpus.sort_by_key(|g| g.index);
@@ -265,6 +285,140 @@ impl Fixture {
         };
         inventory.validate()?;
         Ok(inventory)
+    }
+}
+
+impl Fixture {
+    /// Creates a GPU instance of profile `profile_id` at `placement` on card `gpu_uuid`, with
+    /// one compute instance covering it, as NVML does on a card in MIG mode
+    /// (`nvmlDeviceCreateGpuInstanceWithPlacement`, `nvmlGpuInstanceCreateComputeInstance`):
+    /// refused when the card is not in MIG mode, the profile or the placement is not one of the
+    /// card's, or the placement overlaps an instance (one of unknown placement overlaps all).
+    pub fn create_mig_instance(
+        &mut self,
+        gpu_uuid: &str,
+        profile_id: u32,
+        placement: MigPlacement,
+    ) -> Result<MadeInstance, String> {
+        let gpu = self
+            .gpus
+            .iter_mut()
+            .find(|g| g.uuid == gpu_uuid)
+            .ok_or_else(|| format!("no card {gpu_uuid}"))?;
+        if !gpu.mig_enabled {
+            return Err(format!("card {gpu_uuid} is not in MIG mode"));
+        }
+        let info = gpu
+            .mig_profiles
+            .iter()
+            .find(|p| p.id == profile_id)
+            .ok_or_else(|| format!("card {gpu_uuid} has no GPU instance profile {profile_id}"))?;
+        if !info.placements.contains(&placement) {
+            return Err(format!(
+                "profile {} cannot be placed at {}:{} on card {gpu_uuid}",
+                info.profile, placement.start, placement.size
+            ));
+        }
+        if let Some(m) = gpu
+            .mig_devices
+            .iter()
+            .find(|m| m.placement.is_none_or(|p| p.overlaps(&placement)))
+        {
+            return Err(format!(
+                "insufficient resources: {}:{} overlaps GPU instance {} ({})",
+                placement.start, placement.size, m.gi, m.uuid
+            ));
+        }
+        let gi = (1..)
+            .find(|id| gpu.mig_devices.iter().all(|m| m.gi != *id))
+            .expect("a free id");
+        let uuid = {
+            use ring::rand::SecureRandom as _;
+            let mut b = [0u8; 16];
+            ring::rand::SystemRandom::new()
+                .fill(&mut b)
+                .map_err(|_| "no random source".to_string())?;
+            let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+            format!(
+                "MIG-{}-{}-{}-{}-{}",
+                &h[..8],
+                &h[8..12],
+                &h[12..16],
+                &h[16..20],
+                &h[20..]
+            )
+        };
+        let index = (0..)
+            .find(|i| gpu.mig_devices.iter().all(|m| m.index != *i))
+            .expect("a free index");
+        gpu.mig_devices.push(FixtureMig {
+            index,
+            uuid: uuid.clone(),
+            gi,
+            ci: 0,
+            profile: info.profile.clone(),
+            memory_mib: info.memory_mib,
+            placement: Some(placement),
+        });
+        Ok(MadeInstance { gi, ci: 0, uuid })
+    }
+
+    /// Destroys GPU instance `gi` of card `gpu_uuid` and its compute instances; `false` when
+    /// there is none.
+    pub fn destroy_mig_instance(&mut self, gpu_uuid: &str, gi: u32) -> Result<bool, String> {
+        let gpu = self
+            .gpus
+            .iter_mut()
+            .find(|g| g.uuid == gpu_uuid)
+            .ok_or_else(|| format!("no card {gpu_uuid}"))?;
+        let before = gpu.mig_devices.len();
+        gpu.mig_devices.retain(|m| m.gi != gi);
+        Ok(gpu.mig_devices.len() != before)
+    }
+
+    /// The fixture as YAML (what [`Fixture::parse`] reads).
+    pub fn to_yaml(&self) -> String {
+        serde_yaml::to_string(self).expect("a fixture serialises")
+    }
+}
+
+/// Creates and destroys MIG instances in a fixture file, as NVML does on a card: the fixture
+/// is the fake node's hardware, so every reader of the file (the CDI generator, the DRA
+/// plugin's inventory) sees the instance as it would see a real one.
+#[derive(Debug)]
+pub struct FixtureMigInstances {
+    path: PathBuf,
+    /// One change of the file at a time.
+    lock: std::sync::Mutex<()>,
+}
+
+impl FixtureMigInstances {
+    /// Instances in fixture file `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            lock: std::sync::Mutex::new(()),
+        }
+    }
+
+    fn change<T>(&self, f: impl FnOnce(&mut Fixture) -> Result<T, String>) -> Result<T, String> {
+        let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut fixture = FixtureSource::new(&self.path).load().map_err(|e| e.to_string())?;
+        let out = f(&mut fixture)?;
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        crate::dra::write_atomic(dir, &self.path, fixture.to_yaml().as_bytes(), 0o755, 0o644)
+            .map_err(|e| format!("writing {}: {e}", self.path.display()))?;
+        Ok(out)
+    }
+}
+
+impl super::MigPartitioner for FixtureMigInstances {
+    fn create(&self, parent_uuid: &str, profile_id: u32, placement: MigPlacement) -> Result<MadeInstance, String> {
+        self.change(|f| f.create_mig_instance(parent_uuid, profile_id, placement))
+    }
+
+    fn destroy(&self, parent_uuid: &str, gi: u32) -> Result<(), String> {
+        self.change(|f| f.destroy_mig_instance(parent_uuid, gi).map(|_| ()))
     }
 }
 

@@ -67,6 +67,29 @@ impl MigMinors {
         Ok(table)
     }
 
+    /// The table the driver makes for cards with device minors `gpu_minors`: `config` 1,
+    /// `monitor` 2, then per card minor `m` and GPU instance `gi` (0..15) the GI's access at
+    /// `3 + 135 m + 9 gi` followed by its 8 compute instances' (what the a100-mig fixture holds,
+    /// copied from a host). For fixtures that do not spell the table out.
+    pub fn standard(gpu_minors: impl IntoIterator<Item = u32>, source: &Path) -> Self {
+        let mut table = MigMinors {
+            source: source.to_path_buf(),
+            config: Some(1),
+            monitor: Some(2),
+            ..Default::default()
+        };
+        for m in gpu_minors {
+            for gi in 0..15 {
+                let base = 3 + 135 * m + 9 * gi;
+                table.access.insert((m, gi, None), base);
+                for ci in 0..8 {
+                    table.access.insert((m, gi, Some(ci)), base + 1 + ci);
+                }
+            }
+        }
+        table
+    }
+
     /// Reads and parses the table from a file.
     pub fn read(path: &Path) -> Result<Self, InventoryError> {
         let text = std::fs::read_to_string(path).map_err(|source| InventoryError::Io {
@@ -101,6 +124,20 @@ impl MigMinors {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_standard_table_is_the_drivers() {
+        let text = crate::inventory::Fixture::builtin_text("a100-mig").expect("built in");
+        let spelled = text
+            .split("mig_minors: |\n")
+            .nth(1)
+            .unwrap()
+            .split("\ngpus:")
+            .next()
+            .unwrap();
+        let spelled = MigMinors::parse(&spelled.replace("  ", ""), Path::new("x")).unwrap();
+        assert_eq!(MigMinors::standard(0..4, Path::new("x")), spelled);
+    }
 
     #[test]
     fn parses_the_kernel_format() {

@@ -20,13 +20,25 @@ use crate::topology::GpuTopology;
 pub use crate::driver::{DriverFile, DriverFileKind, FoundBy};
 pub use annotation::{INVENTORY_VERSION, PublishedInventory};
 pub use error::InventoryError;
-pub use fixture::{BUILTIN_FIXTURES, Fixture, FixtureSource, HealthEvent, cap_path};
+pub use fixture::{BUILTIN_FIXTURES, Fixture, FixtureMigInstances, FixtureSource, HealthEvent, cap_path};
 pub use mig_minors::{MIG_MINORS_PATH, MigMinors};
 
 /// Anything that can tell what GPUs a node has.
 pub trait InventorySource {
     /// Reads the node's inventory now.
     fn discover(&self) -> Result<NodeInventory, InventoryError>;
+}
+
+/// Creates and destroys MIG instances on the node's cards (dynamic MIG): NVML on a node
+/// with GPUs (`tessera_node`), [`FixtureMigInstances`] on a fixture node.
+pub trait MigPartitioner: Send + Sync {
+    /// Creates a GPU instance of NVML profile `profile_id` at `placement` on card
+    /// `parent_uuid`, with one compute instance covering it.
+    fn create(&self, parent_uuid: &str, profile_id: u32, placement: MigPlacement) -> Result<MadeInstance, String>;
+
+    /// Destroys GPU instance `gi` of card `parent_uuid` and its compute instances (done when
+    /// it is gone already).
+    fn destroy(&self, parent_uuid: &str, gi: u32) -> Result<(), String>;
 }
 
 /// A character device node.
@@ -80,6 +92,71 @@ pub struct MigDevice {
     pub gi_access: DeviceNode,
     /// `/dev/nvidia-caps/nvidia-cap<m>` for CI access.
     pub ci_access: DeviceNode,
+    /// Where its GPU instance sits on the card, when the source knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<MigPlacement>,
+}
+
+/// A MIG instance just created: a GPU instance with one compute instance covering it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MadeInstance {
+    /// GPU instance id.
+    pub gi: u32,
+    /// Compute instance id.
+    pub ci: u32,
+    /// `MIG-<uuid>`.
+    pub uuid: String,
+}
+
+/// Where a GPU instance sits on its card: memory slices `start..start + size`
+/// (`nvmlGpuInstancePlacement_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MigPlacement {
+    /// First memory slice.
+    pub start: u32,
+    /// Memory slices.
+    pub size: u32,
+}
+
+impl MigPlacement {
+    /// The memory slices it covers.
+    pub fn slices(&self) -> std::ops::Range<u32> {
+        self.start..self.start.saturating_add(self.size)
+    }
+
+    /// True when the two share a memory slice.
+    pub fn overlaps(&self, other: &MigPlacement) -> bool {
+        self.start < other.start.saturating_add(other.size) && other.start < self.start.saturating_add(self.size)
+    }
+}
+
+/// A GPU instance profile a card in MIG mode can create, as NVML describes it
+/// (`nvmlGpuInstanceProfileInfo_t` and `nvmlDeviceGetGpuInstancePossiblePlacements_v2`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigProfileInfo {
+    /// The profile (`3g.20gb`), named as NVIDIA names it.
+    pub profile: MigProfile,
+    /// NVML's GPU instance profile id (`nvmlGpuInstanceProfileInfo_t.id`).
+    pub id: u32,
+    /// Memory of an instance, MiB.
+    pub memory_mib: u64,
+    /// Compute (GPU) slices of an instance (`sliceCount`).
+    pub slices: u32,
+    /// Video decoders of an instance.
+    #[serde(default)]
+    pub decoders: u32,
+    /// Video encoders of an instance.
+    #[serde(default)]
+    pub encoders: u32,
+    /// JPEG decoders of an instance.
+    #[serde(default)]
+    pub jpeg_decoders: u32,
+    /// Optical flow accelerators of an instance.
+    #[serde(default)]
+    pub ofas: u32,
+    /// Where an instance can be created.
+    pub placements: Vec<MigPlacement>,
 }
 
 /// One physical GPU.
@@ -113,6 +190,10 @@ pub struct Gpu {
     /// MIG devices (only when `mig_enabled`).
     #[serde(default)]
     pub mig_devices: Vec<MigDevice>,
+    /// The GPU instance profiles it can create (only when `mig_enabled`; empty when the source
+    /// does not say).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_profiles: Vec<MigProfileInfo>,
 }
 
 impl Gpu {
@@ -280,6 +361,38 @@ impl NodeInventory {
                         at("memory_mib"),
                         m.memory_mib.to_string(),
                         "must be within the parent's memory",
+                    ));
+                }
+            }
+            if !g.mig_enabled && !g.mig_profiles.is_empty() {
+                return Err(invalid(
+                    at("mig_profiles"),
+                    g.mig_profiles.len().to_string(),
+                    "MIG profiles on a GPU without MIG mode",
+                ));
+            }
+            let mut profile_ids = BTreeSet::new();
+            for (j, p) in g.mig_profiles.iter().enumerate() {
+                let at = |f: &str| format!("gpus[{i}].mig_profiles[{j}].{f}");
+                if !profile_ids.insert(p.id) {
+                    return Err(invalid(at("id"), p.id.to_string(), "duplicate profile id"));
+                }
+                if p.slices == 0 || p.memory_mib == 0 || p.memory_mib > g.memory_mib {
+                    return Err(invalid(
+                        at("memory_mib"),
+                        format!("{} MiB, {} slices", p.memory_mib, p.slices),
+                        "must be positive and within the card",
+                    ));
+                }
+                if let Some(bad) = p
+                    .placements
+                    .iter()
+                    .find(|pl| pl.size == 0 || pl.start.saturating_add(pl.size) > 64)
+                {
+                    return Err(invalid(
+                        at("placements"),
+                        format!("{}:{}", bad.start, bad.size),
+                        "a placement covers 1 to 64 memory slices from its start",
                     ));
                 }
             }

@@ -184,3 +184,38 @@ fn topology_is_published_bounded_and_checked() {
         "{e}"
     );
 }
+
+#[test]
+fn a_fixture_card_creates_and_destroys_instances_as_nvml_does() {
+    let mut f = Fixture::builtin("a100-dynamic-mig").unwrap();
+    let card = "GPU-1d3a8f42-5c6e-4b1f-9a27-0e8b3c4d5f61";
+    let at = |start, size| MigPlacement { start, size };
+    let a = f.create_mig_instance(card, 9, at(4, 4)).unwrap();
+    // Overlapping, not a placement of the profile, not a profile of the card, no such card.
+    for (profile, p, why) in [
+        (19, at(5, 1), "overlaps"),
+        (19, at(7, 1), "cannot be placed"),
+        (99, at(0, 1), "no GPU instance profile"),
+    ] {
+        let err = f.create_mig_instance(card, profile, p).unwrap_err();
+        assert!(err.contains(why), "{err}");
+    }
+    assert!(f.create_mig_instance("GPU-nope", 19, at(0, 1)).is_err());
+    let b = f.create_mig_instance(card, 19, at(0, 1)).unwrap();
+    assert_ne!(a.gi, b.gi);
+    assert_ne!(a.uuid, b.uuid);
+    // What the file says afterwards is what every reader sees: the instance, its
+    // capabilities from the driver's standard minors table, its placement.
+    let again = Fixture::parse(&f.to_yaml(), Path::new("x")).unwrap();
+    let inv = again.to_inventory(Path::new("x"), None).unwrap();
+    let m = inv.gpus[0].mig_devices.iter().find(|m| m.uuid == a.uuid).unwrap();
+    assert_eq!((m.gi, m.ci, m.memory_mib), (a.gi, 0, 19968));
+    assert_eq!(m.placement, Some(at(4, 4)));
+    assert_eq!(m.gi_access.minor, 3 + 9 * a.gi);
+    assert_eq!(m.ci_access.path, cap_path(3 + 9 * a.gi + 1));
+    assert!(f.destroy_mig_instance(card, a.gi).unwrap());
+    assert!(!f.destroy_mig_instance(card, a.gi).unwrap());
+    f.create_mig_instance(card, 5, at(0, 4)).unwrap_err();
+    assert!(f.destroy_mig_instance(card, b.gi).unwrap());
+    f.create_mig_instance(card, 0, at(0, 8)).unwrap();
+}

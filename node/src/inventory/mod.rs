@@ -6,8 +6,10 @@
 mod devnodes;
 mod host_driver;
 mod nvml;
+mod nvml_mig;
 mod nvml_topology;
 
 pub use devnodes::create_device_nodes;
 pub use host_driver::FixtureWithHostDriver;
 pub use nvml::NvmlSource;
+pub use nvml_mig::NvmlMig;

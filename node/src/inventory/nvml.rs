@@ -260,6 +260,13 @@ impl NvmlSource {
                     major: caps_major,
                     minor: cm,
                 },
+                // SAFETY: `parent.handle()` is a live handle owned by `nvml`.
+                placement: super::nvml_mig::placement_of(nvml, unsafe { parent.handle() }, gi).map_err(|reason| {
+                    InventoryError::Nvml {
+                        call: "nvmlGpuInstanceGetInfo".into(),
+                        reason,
+                    }
+                })?,
             });
         }
         Ok(out)
@@ -339,10 +346,18 @@ impl InventorySource for NvmlSource {
                 .bus_id
                 .to_lowercase();
             let mig_enabled = dev.mig_mode().is_ok_and(|m| m.current == 1);
-            let mig_devices = if mig_enabled {
-                self.mig_devices(&nvml, &dev, minor, memory_mib, &mut minors)?
+            let (mig_devices, mig_profiles) = if mig_enabled {
+                // SAFETY: `dev.handle()` is a live handle owned by `nvml`.
+                let profiles =
+                    super::nvml_mig::profiles(&nvml, unsafe { dev.handle() }, memory_mib).map_err(|reason| {
+                        InventoryError::Nvml {
+                            call: "nvmlDeviceGetGpuInstanceProfileInfo".into(),
+                            reason,
+                        }
+                    })?;
+                (self.mig_devices(&nvml, &dev, minor, memory_mib, &mut minors)?, profiles)
             } else {
-                Vec::new()
+                (Vec::new(), Vec::new())
             };
             let path = format!("/dev/nvidia{minor}");
             gpus.push(Gpu {
@@ -362,6 +377,7 @@ impl InventorySource for NvmlSource {
                 }),
                 mig_enabled,
                 mig_devices,
+                mig_profiles,
             });
         }
         let control_devices = CONTROL_DEVICES

@@ -1,0 +1,286 @@
+//! MIG through NVML's raw entry points (nvml-wrapper wraps few of them): the GPU instance
+//! profiles a card can create and where ([`profiles`]), where an instance sits
+//! ([`placement_of`]), and creating and destroying instances ([`NvmlMig`], dynamic MIG). A card
+//! is never switched into or out of MIG mode here: that is the operator's setting.
+
+use std::mem::MaybeUninit;
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper_sys::bindings::{
+    NVML_DEVICE_UUID_V2_BUFFER_SIZE, nvmlComputeInstance_t, nvmlComputeInstanceInfo_t,
+    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
+    nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t,
+};
+use tessera_core::inventory::{MadeInstance, MigPartitioner, MigPlacement, MigProfileInfo};
+use tessera_core::mig::MigProfile;
+
+/// NVML's "not found" return code.
+const NOT_FOUND: u32 = 6;
+/// `NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED`.
+const ENGINE_SHARED: u32 = 0;
+/// GPU instance profile indices and the attribute their names carry (`NVML_GPU_INSTANCE_PROFILE_*`):
+/// the plain ones, `+me` (REV1), the double-memory 1-slice (REV2) and `+gfx`. The media-less and
+/// all-media ones (13 to 16) have names Tessera's profile names cannot carry, and are not offered.
+const GI_PROFILES: &[(u32, Option<&str>)] = &[
+    (0, None),
+    (1, None),
+    (2, None),
+    (3, None),
+    (4, None),
+    (5, None),
+    (6, None),
+    (7, Some("me")),
+    (8, None),
+    (9, None),
+    (10, Some("gfx")),
+    (11, Some("gfx")),
+    (12, Some("gfx")),
+];
+/// `NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE` .. `_6_SLICE` (REV1, 7, is left out).
+const CI_PROFILES: std::ops::Range<u32> = 0..7;
+
+fn check(call: &str, rc: u32) -> Result<(), String> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!("{call}: NVML return code {rc}"))
+    }
+}
+
+macro_rules! sym {
+    ($nvml:expr, $name:ident) => {
+        $nvml
+            .lib()
+            .$name
+            .as_ref()
+            .map_err(|e| format!("{}: not in this libnvidia-ml: {e}", stringify!($name)))?
+    };
+}
+
+/// The GPU instance profiles card `device` can create, named as NVIDIA names them for a card
+/// of `total_mib`, each with its possible placements (profiles the card does not support are
+/// skipped).
+pub(crate) fn profiles(nvml: &Nvml, device: nvmlDevice_t, total_mib: u64) -> Result<Vec<MigProfileInfo>, String> {
+    let info_of = sym!(nvml, nvmlDeviceGetGpuInstanceProfileInfo);
+    let placements_of = sym!(nvml, nvmlDeviceGetGpuInstancePossiblePlacements_v2);
+    let mut out = Vec::new();
+    for &(index, attribute) in GI_PROFILES {
+        let mut info = MaybeUninit::zeroed();
+        // SAFETY: `device` is a live handle of `nvml`; `info` is a valid out-pointer.
+        let rc = unsafe { info_of(device, index, info.as_mut_ptr()) };
+        if rc != 0 {
+            continue;
+        }
+        // SAFETY: NVML filled it (rc 0).
+        let info: nvmlGpuInstanceProfileInfo_t = unsafe { info.assume_init() };
+        let mut count: u32 = 0;
+        // SAFETY: a null array asks for the count only.
+        let rc = unsafe { placements_of(device, info.id, std::ptr::null_mut(), &mut count) };
+        check("nvmlDeviceGetGpuInstancePossiblePlacements_v2", rc)?;
+        let mut raw = vec![nvmlGpuInstancePlacement_t { start: 0, size: 0 }; count as usize];
+        // SAFETY: `raw` has room for `count` placements.
+        let rc = unsafe { placements_of(device, info.id, raw.as_mut_ptr(), &mut count) };
+        check("nvmlDeviceGetGpuInstancePossiblePlacements_v2", rc)?;
+        raw.truncate(count as usize);
+        let mut name = super::nvml::mig_profile_name(info.sliceCount, info.sliceCount, info.memorySizeMB, total_mib);
+        if let Some(a) = attribute {
+            name.push('+');
+            name.push_str(a);
+        }
+        let Ok(profile) = name.parse::<MigProfile>() else {
+            continue;
+        };
+        out.push(MigProfileInfo {
+            profile,
+            id: info.id,
+            memory_mib: info.memorySizeMB,
+            slices: info.sliceCount,
+            decoders: info.decoderCount,
+            encoders: info.encoderCount,
+            jpeg_decoders: info.jpegCount,
+            ofas: info.ofaCount,
+            placements: raw
+                .iter()
+                .map(|p| MigPlacement {
+                    start: p.start,
+                    size: p.size,
+                })
+                .collect(),
+        });
+    }
+    Ok(out)
+}
+
+fn gpu_instance(nvml: &Nvml, device: nvmlDevice_t, gi: u32) -> Result<Option<nvmlGpuInstance_t>, String> {
+    let by_id = sym!(nvml, nvmlDeviceGetGpuInstanceById);
+    let mut handle = MaybeUninit::zeroed();
+    // SAFETY: `device` is live; `handle` is a valid out-pointer.
+    let rc = unsafe { by_id(device, gi, handle.as_mut_ptr()) };
+    if rc == NOT_FOUND {
+        return Ok(None);
+    }
+    check("nvmlDeviceGetGpuInstanceById", rc)?;
+    // SAFETY: NVML filled it (rc 0).
+    Ok(Some(unsafe { handle.assume_init() }))
+}
+
+/// Where GPU instance `gi` of card `device` sits.
+pub(crate) fn placement_of(nvml: &Nvml, device: nvmlDevice_t, gi: u32) -> Result<Option<MigPlacement>, String> {
+    let Some(handle) = gpu_instance(nvml, device, gi)? else {
+        return Ok(None);
+    };
+    let get_info = sym!(nvml, nvmlGpuInstanceGetInfo);
+    let mut info = MaybeUninit::<nvmlGpuInstanceInfo_t>::zeroed();
+    // SAFETY: `handle` is a live GPU instance; `info` is a valid out-pointer.
+    check("nvmlGpuInstanceGetInfo", unsafe { get_info(handle, info.as_mut_ptr()) })?;
+    // SAFETY: NVML filled it (rc 0).
+    let info = unsafe { info.assume_init() };
+    Ok(Some(MigPlacement {
+        start: info.placement.start,
+        size: info.placement.size,
+    }))
+}
+
+/// Creates and destroys MIG instances through NVML (dynamic MIG).
+pub struct NvmlMig {
+    nvml: Nvml,
+}
+
+impl NvmlMig {
+    /// Instances through `nvml` (see [`super::NvmlSource::open`]).
+    pub fn new(nvml: Nvml) -> Self {
+        Self { nvml }
+    }
+
+    fn device(&self, uuid: &str) -> Result<nvmlDevice_t, String> {
+        let dev = self
+            .nvml
+            .device_by_uuid(uuid)
+            .map_err(|e| format!("nvmlDeviceGetHandleByUUID({uuid}): {e}"))?;
+        // SAFETY: the handle stays valid while `self.nvml` is initialised (NVML handles are
+        // not freed per device).
+        Ok(unsafe { dev.handle() })
+    }
+
+    fn destroy_compute_instances(&self, gi: nvmlGpuInstance_t) -> Result<(), String> {
+        let by_id = sym!(self.nvml, nvmlGpuInstanceGetComputeInstanceById);
+        let destroy = sym!(self.nvml, nvmlComputeInstanceDestroy);
+        for id in 0..8 {
+            let mut ci = MaybeUninit::<nvmlComputeInstance_t>::zeroed();
+            // SAFETY: `gi` is live; `ci` is a valid out-pointer.
+            let rc = unsafe { by_id(gi, id, ci.as_mut_ptr()) };
+            if rc != 0 {
+                continue;
+            }
+            // SAFETY: NVML filled it (rc 0) and it is destroyed once.
+            check("nvmlComputeInstanceDestroy", unsafe { destroy(ci.assume_init()) })?;
+        }
+        Ok(())
+    }
+}
+
+impl MigPartitioner for NvmlMig {
+    fn create(&self, parent_uuid: &str, profile_id: u32, placement: MigPlacement) -> Result<MadeInstance, String> {
+        let device = self.device(parent_uuid)?;
+        let create_gi = sym!(self.nvml, nvmlDeviceCreateGpuInstanceWithPlacement);
+        let gi_info_of = sym!(self.nvml, nvmlGpuInstanceGetInfo);
+        let ci_profile_of = sym!(self.nvml, nvmlGpuInstanceGetComputeInstanceProfileInfo);
+        let create_ci = sym!(self.nvml, nvmlGpuInstanceCreateComputeInstance);
+        let ci_info_of = sym!(self.nvml, nvmlComputeInstanceGetInfo_v2);
+        let destroy_gi = sym!(self.nvml, nvmlGpuInstanceDestroy);
+        let at = nvmlGpuInstancePlacement_t {
+            start: placement.start,
+            size: placement.size,
+        };
+        let mut gi = MaybeUninit::<nvmlGpuInstance_t>::zeroed();
+        // SAFETY: `device` is live; `at` and `gi` are valid for the call.
+        check("nvmlDeviceCreateGpuInstanceWithPlacement", unsafe {
+            create_gi(device, profile_id, &at, gi.as_mut_ptr())
+        })?;
+        // SAFETY: NVML filled it (rc 0).
+        let gi = unsafe { gi.assume_init() };
+        let made = (|| {
+            let mut gi_info = MaybeUninit::<nvmlGpuInstanceInfo_t>::zeroed();
+            // SAFETY: `gi` is live; `gi_info` is a valid out-pointer.
+            check("nvmlGpuInstanceGetInfo", unsafe {
+                gi_info_of(gi, gi_info.as_mut_ptr())
+            })?;
+            // SAFETY: NVML filled it (rc 0).
+            let gi_info = unsafe { gi_info.assume_init() };
+            let info_of = sym!(self.nvml, nvmlDeviceGetGpuInstanceProfileInfo);
+            // The compute instance profile that covers the whole GPU instance.
+            let slices = GI_PROFILES
+                .iter()
+                .find_map(|&(index, _)| {
+                    let mut p = MaybeUninit::<nvmlGpuInstanceProfileInfo_t>::zeroed();
+                    // SAFETY: `device` is live; `p` is a valid out-pointer.
+                    let rc = unsafe { info_of(device, index, p.as_mut_ptr()) };
+                    // SAFETY: NVML filled it (rc 0).
+                    (rc == 0)
+                        .then(|| unsafe { p.assume_init() })
+                        .filter(|p| p.id == profile_id)
+                })
+                .map(|p| p.sliceCount)
+                .ok_or_else(|| format!("GPU instance profile {profile_id} is not one of card {parent_uuid}'s"))?;
+            let ci_profile = CI_PROFILES
+                .filter_map(|index| {
+                    let mut p = MaybeUninit::<nvmlComputeInstanceProfileInfo_t>::zeroed();
+                    // SAFETY: `gi` is live; `p` is a valid out-pointer.
+                    let rc = unsafe { ci_profile_of(gi, index, ENGINE_SHARED, p.as_mut_ptr()) };
+                    // SAFETY: NVML filled it (rc 0).
+                    (rc == 0).then(|| unsafe { p.assume_init() })
+                })
+                .find(|p| p.sliceCount == slices)
+                .ok_or_else(|| format!("no compute instance profile covers a {slices}-slice GPU instance"))?;
+            let mut ci = MaybeUninit::<nvmlComputeInstance_t>::zeroed();
+            // SAFETY: `gi` is live; `ci` is a valid out-pointer.
+            check("nvmlGpuInstanceCreateComputeInstance", unsafe {
+                create_ci(gi, ci_profile.id, ci.as_mut_ptr())
+            })?;
+            // SAFETY: NVML filled it (rc 0).
+            let ci = unsafe { ci.assume_init() };
+            let mut ci_info = MaybeUninit::<nvmlComputeInstanceInfo_t>::zeroed();
+            // SAFETY: `ci` is live; `ci_info` is a valid out-pointer (its version field is set
+            // by the _v2 entry point itself).
+            check("nvmlComputeInstanceGetInfo_v2", unsafe {
+                ci_info_of(ci, ci_info.as_mut_ptr())
+            })?;
+            // SAFETY: NVML filled it (rc 0).
+            let ci_info = unsafe { ci_info.assume_init() };
+            let get_uuid = sym!(self.nvml, nvmlDeviceGetUUID);
+            let mut buf = [0 as std::ffi::c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE as usize];
+            // SAFETY: `ci_info.device` is the MIG device's live handle; `buf` has the room
+            // NVML asks for.
+            check("nvmlDeviceGetUUID", unsafe {
+                get_uuid(ci_info.device, buf.as_mut_ptr(), buf.len() as u32)
+            })?;
+            // SAFETY: NVML wrote a NUL-terminated string into `buf`.
+            let uuid = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+                .to_string_lossy()
+                .into_owned();
+            Ok(MadeInstance {
+                gi: gi_info.id,
+                ci: ci_info.id,
+                uuid,
+            })
+        })();
+        if made.is_err() {
+            // Nothing half made stays: the compute instances, then the GPU instance.
+            let _ = self.destroy_compute_instances(gi);
+            // SAFETY: `gi` is live and destroyed once.
+            let _ = unsafe { destroy_gi(gi) };
+        }
+        made
+    }
+
+    fn destroy(&self, parent_uuid: &str, gi: u32) -> Result<(), String> {
+        let device = self.device(parent_uuid)?;
+        let Some(handle) = gpu_instance(&self.nvml, device, gi)? else {
+            return Ok(());
+        };
+        self.destroy_compute_instances(handle)?;
+        let destroy_gi = sym!(self.nvml, nvmlGpuInstanceDestroy);
+        // SAFETY: `handle` is live and destroyed once.
+        check("nvmlGpuInstanceDestroy", unsafe { destroy_gi(handle) })
+    }
+}
