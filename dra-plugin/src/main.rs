@@ -101,6 +101,7 @@ async fn main() -> anyhow::Result<()> {
         memory_unit_mib: cli.memory_unit_mib,
         poll: Duration::from_secs(cli.poll_secs.max(1)),
         partitioner,
+        cdi_wait: tessera_dra_plugin::driver::CDI_WAIT,
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     service::run(config, source, Arc::new(ApiClaims(client)), Some(slices), async move {

@@ -41,6 +41,9 @@ pub struct Config {
     pub poll: Duration,
     /// Creates and destroys MIG instances (dynamic MIG); `None`: the node creates none.
     pub partitioner: Option<Arc<dyn tessera_core::inventory::MigPartitioner>>,
+    /// How long a prepare waits for the node's CDI spec to list an instance it created
+    /// ([`crate::driver::CDI_WAIT`]).
+    pub cdi_wait: Duration,
 }
 
 fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
@@ -78,7 +81,7 @@ pub async fn run(
         claims,
     );
     if let Some(p) = config.partitioner.clone() {
-        preparer = preparer.creating_instances(p, crate::driver::CDI_WAIT);
+        preparer = preparer.creating_instances(p, config.cdi_wait);
     }
     let preparer = Arc::new(preparer);
     preparer.clean_orphan_markers();

@@ -102,6 +102,16 @@ struct Plugin {
 
 impl Plugin {
     fn start(dirs: &Path, claims: Arc<FakeClaims>) -> Self {
+        Self::start_on(dirs, claims, Path::new("t4x2"), None)
+    }
+
+    /// A plugin whose cards are fixture `fixture`, creating MIG instances through `partitioner`.
+    fn start_on(
+        dirs: &Path,
+        claims: Arc<FakeClaims>,
+        fixture: &Path,
+        partitioner: Option<Arc<dyn tessera_core::inventory::MigPartitioner>>,
+    ) -> Self {
         let config = Config {
             node: NODE.into(),
             registry_dir: dirs.join("plugins_registry"),
@@ -110,11 +120,13 @@ impl Plugin {
             state_dir: dirs.join("state"),
             memory_unit_mib: 1024,
             poll: Duration::from_millis(100),
+            partitioner,
+            cdi_wait: Duration::from_secs(5),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(service::run(
             config,
-            Box::new(FixtureSource::new("t4x2")),
+            Box::new(FixtureSource::new(fixture)),
             claims,
             None,
             async move {
@@ -400,4 +412,196 @@ async fn a_cards_shares_are_prepared_for_one_tenant() {
         got["u-a3"].error
     );
     plugin.stop().await;
+}
+
+/// Creates instances in a fixture file, and fails to destroy them while `refuse_destroy`.
+#[derive(Debug)]
+struct Instances {
+    inner: tessera_core::inventory::FixtureMigInstances,
+    created: Mutex<usize>,
+    refuse_destroy: std::sync::atomic::AtomicBool,
+}
+
+impl tessera_core::inventory::MigPartitioner for Instances {
+    fn create(
+        &self,
+        parent_uuid: &str,
+        profile_id: u32,
+        placement: tessera_core::inventory::MigPlacement,
+    ) -> Result<tessera_core::inventory::MadeInstance, String> {
+        *self.created.lock().unwrap() += 1;
+        self.inner.create(parent_uuid, profile_id, placement)
+    }
+
+    fn destroy(&self, parent_uuid: &str, gi: u32) -> Result<(), String> {
+        if self.refuse_destroy.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err("the card is busy".into());
+        }
+        self.inner.destroy(parent_uuid, gi)
+    }
+}
+
+/// The MIG instances fixture file `path` has: (uuid, gi, placement start).
+fn instances(path: &Path) -> Vec<(String, u32, u32)> {
+    let inv = tessera_core::inventory::InventorySource::discover(&FixtureSource::new(path)).unwrap();
+    inv.gpus
+        .iter()
+        .flat_map(|g| g.mig_devices.iter())
+        .map(|m| (m.uuid.clone(), m.gi, m.placement.map_or(99, |p| p.start)))
+        .collect()
+}
+
+/// Stands in for the CDI generator: lists the fixture's MIG instances as CDI devices.
+fn cdi_generator(fixture: PathBuf, cdi: PathBuf) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let devices = instances(&fixture)
+                .into_iter()
+                .map(|(uuid, ..)| tessera_core::cdi::CdiDevice {
+                    name: uuid,
+                    annotations: Default::default(),
+                    container_edits: Default::default(),
+                })
+                .collect();
+            let spec = tessera_core::cdi::CdiSpec {
+                cdi_version: "0.6.0".into(),
+                kind: tessera_core::names::CDI_KIND.into(),
+                devices,
+                container_edits: Default::default(),
+            };
+            let _ = std::fs::create_dir_all(&cdi);
+            let _ = std::fs::write(cdi.join("tessera.io-gpu.json"), serde_json::to_vec(&spec).unwrap());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+}
+
+#[tokio::test]
+async fn dynamic_mig_creates_an_instance_per_claim_and_destroys_it_when_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = dir.path().join("node.yaml");
+    std::fs::write(
+        &fixture,
+        tessera_core::inventory::Fixture::builtin_text("a100-dynamic-mig").unwrap(),
+    )
+    .unwrap();
+    let parts = Arc::new(Instances {
+        inner: tessera_core::inventory::FixtureMigInstances::new(&fixture),
+        created: Mutex::new(0),
+        refuse_destroy: false.into(),
+    });
+    let claims = Arc::new(FakeClaims::default());
+    let generator = cdi_generator(fixture.clone(), dir.path().join("cdi"));
+    let plugin = Plugin::start_on(dir.path(), claims.clone(), &fixture, Some(parts.clone()));
+    let endpoint = dir.path().join("plugins/gpu.tessera.io/dra.sock");
+    let mut client = DraPluginClient::new(channel(endpoint.clone()).await);
+
+    // A 3g.20gb at memory slice 4: created, recorded, and handed over once the CDI spec lists it.
+    claims.set(allocated("a", "u-a", "gpu-0-mig-3g-20gb-at-4", &[]));
+    let got = prepare(&mut client, &[claim_ref("a", "u-a")]).await;
+    assert_eq!(got["u-a"].error, "");
+    let made = instances(&fixture);
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0].2, 4);
+    let record = plugin.store().get("u-a").unwrap().unwrap();
+    let AllocatedDevice::Mig { uuid, gi, profile, .. } = &record.devices[0].allocated else {
+        panic!("not a MIG device: {record:?}");
+    };
+    assert_eq!(
+        (uuid, *gi, profile.to_string().as_str()),
+        (&made[0].0, made[0].1, "3g.20gb")
+    );
+    assert!(record.devices[0].carved.is_some());
+    // Asked again (the kubelet's retry): the same instance, none made.
+    let again = prepare(&mut client, &[claim_ref("a", "u-a")]).await;
+    assert_eq!(again["u-a"].error, "");
+    assert_eq!(*parts.created.lock().unwrap(), 1);
+
+    // A placement that overlaps it (a stale allocation): refused by the card, nothing left.
+    claims.set(allocated("b", "u-b", "gpu-0-mig-1g-5gb-at-5", &[]));
+    let got = prepare(&mut client, &[claim_ref("b", "u-b")]).await;
+    assert!(got["u-b"].error.contains("overlaps"), "{}", got["u-b"].error);
+    assert_eq!(instances(&fixture).len(), 1);
+    assert!(plugin.store().get("u-b").unwrap().is_none());
+    assert!(dra::CarveLedger::new(&dir.path().join("state")).list().0.is_empty());
+
+    // Two instances of which the second cannot be made: the first is destroyed again.
+    let mut two = allocated("c", "u-c", "gpu-1-mig-4g-20gb-at-0", &[]);
+    let results = two
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap();
+    let mut second = results.results.as_ref().unwrap()[0].clone();
+    second.device = "gpu-1-mig-1g-5gb-at-1".into();
+    second.request = "second".into();
+    results.results.as_mut().unwrap().push(second);
+    claims.set(two);
+    let got = prepare(&mut client, &[claim_ref("c", "u-c")]).await;
+    assert!(
+        got["u-c"].error.contains("gpu-1-mig-1g-5gb-at-1"),
+        "{}",
+        got["u-c"].error
+    );
+    assert_eq!(
+        instances(&fixture),
+        made,
+        "the first instance of a failed prepare is destroyed"
+    );
+    assert!(dra::CarveLedger::new(&dir.path().join("state")).list().0.is_empty());
+
+    // A crash between creating an instance and recording its claim: the ledger names it, and
+    // the next plugin destroys it (a claim it recorded keeps its own).
+    let ledger = dra::CarveLedger::new(&dir.path().join("state"));
+    plugin.stop().await;
+    let gpu1 = FixtureSource::new(&fixture);
+    let inv = tessera_core::inventory::InventorySource::discover(&gpu1).unwrap();
+    let plan = dra::carve_of(&inv.gpus[1], "gpu-1-mig-7g-40gb-at-0").unwrap();
+    ledger.add("u-crash", &plan).unwrap();
+    tessera_core::inventory::MigPartitioner::create(&parts.inner, &plan.parent_uuid, plan.profile_id, plan.placement)
+        .unwrap();
+    assert_eq!(instances(&fixture).len(), 2);
+    let plugin = Plugin::start_on(dir.path(), claims.clone(), &fixture, Some(parts.clone()));
+    for _ in 0..100 {
+        if instances(&fixture).len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        instances(&fixture),
+        made,
+        "the unfinished prepare's instance is destroyed"
+    );
+    assert!(ledger.list().0.is_empty());
+
+    // Unprepared: the instance goes with the record; while it cannot go, the record stays.
+    let mut client = DraPluginClient::new(channel(endpoint).await);
+    let unprepare = |uid: &str| api::NodeUnprepareResourcesRequest {
+        claims: vec![claim_ref("a", uid)],
+    };
+    parts.refuse_destroy.store(true, std::sync::atomic::Ordering::Relaxed);
+    let out = client
+        .node_unprepare_resources(unprepare("u-a"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(out.claims["u-a"].error.contains("the card is busy"), "{:?}", out.claims);
+    assert!(plugin.store().get("u-a").unwrap().is_some());
+    parts.refuse_destroy.store(false, std::sync::atomic::Ordering::Relaxed);
+    let out = client
+        .node_unprepare_resources(unprepare("u-a"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(out.claims["u-a"].error, "");
+    assert!(instances(&fixture).is_empty());
+    assert!(plugin.store().get("u-a").unwrap().is_none());
+    plugin.stop().await;
+    generator.abort();
 }
