@@ -172,6 +172,14 @@ pub async fn run(
                         info!(added = ?g.added, removed = ?g.removed, dir = %config.cdi_dir.display(), "CDI spec written");
                     }
                     Ok(_) => {}
+                    Err(e)
+                        if matches!(e.downcast_ref(), Some(crate::spec::SpecError::Empty))
+                            && inventory.gpus.iter().any(tessera_core::dra::carvable) =>
+                    {
+                        info!(
+                            "the cards in MIG mode have no instance yet (with dynamic MIG the DRA plugin creates them per claim): no CDI spec until one exists"
+                        )
+                    }
                     Err(e) => error!(
                         error = format!("{e:#}"),
                         "no CDI spec written; GPU containers cannot start on this node until this is fixed"

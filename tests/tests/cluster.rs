@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use tessera_core::inventory::{FixtureSource, InventorySource as _};
 use tessera_tests::cluster::{Cluster, NODE};
 
 const BUSYBOX_POD: &str = r#"apiVersion: v1
@@ -430,7 +431,11 @@ mod tessera {
             .arg(format!("--authorization-kubeconfig={}", sched_kc.display()));
         c.spawn("tessera-scheduler", cmd)?;
 
-        // Ready: the node publishes its GPUs (the device plugin's resources on the node).
+        // Ready: the node publishes its GPUs (the device plugin's resources on the node; a
+        // node whose cards have no MIG instance yet, `core` 0, has none to publish).
+        if core == 0 {
+            return Ok(Installed { keys_dir });
+        }
         c.wait_for(
             &[&format!("node/{NODE}")],
             "{.status.allocatable.tessera\\.io/gpu-core}",
@@ -1144,6 +1149,122 @@ spec:
     let dra = running(&c, "dmig").await?;
     assert_eq!(dra["CVD"], "MIG-a7f72a5e-c1f5-bacf-2f86-e5c7963131e0", "{dra:?}");
     assert_eq!(dra["CORE"], "", "a MIG device has no share limits: {dra:?}");
+    Ok(())
+}
+
+/// A ResourceClaim for one MIG instance of profile `profile` on card 0.
+fn mig_claim(name: &str, profile: &str) -> String {
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}, namespace: default}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: mig.gpu.tessera.io
+        selectors:
+        - cel: {{expression: 'device.attributes["gpu.tessera.io"].profile == "{profile}" && device.attributes["gpu.tessera.io"].index == 0'}}
+"#
+    )
+}
+
+/// Dynamic MIG on the real cluster: on a node labelled for it, the plugin publishes every
+/// instance the A100s could create over each card's shared counters; the real scheduler
+/// allocates claims only where they fit beside each other (a 3g.20gb goes beside a 4g.20gb, a
+/// 1g.5gb fits nowhere until the 4g.20gb's claim goes); the kubelet's prepare creates each
+/// instance (in the fixture, the fake node's hardware), the CDI generator lists it, the
+/// container gets it, and the unprepare destroys it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_mig_on_a_real_cluster() -> anyhow::Result<()> {
+    let begun = Instant::now();
+    let mut c = Cluster::start().await?;
+    tessera::install(&mut c, "a100-dynamic-mig", 0, true).await?;
+    for label in [tessera_core::names::LABEL_DRA, tessera_core::names::LABEL_DYNAMIC_MIG] {
+        c.kubectl_ok(&["label", "node", NODE, &format!("{label}=true")])?;
+    }
+    let slice = format!("resourceslice/{NODE}-{}", tessera_core::dra::DRIVER);
+    c.wait_for(
+        &[&format!("{slice}-counters-0")],
+        "{.spec.sharedCounters[*].name}",
+        "gpu-0-counters gpu-1-counters",
+        Duration::from_secs(60),
+    )
+    .await
+    .with_context(|| c.log_tail("dra-plugin", 20))?;
+    let devices = c.kubectl_ok(&["get", &slice, "-o", "jsonpath={.spec.devices[*].name}"])?;
+    assert_eq!(devices.split_whitespace().count(), 50, "{devices}");
+
+    let fixture = tessera::fixture_file(&c);
+    let instances = || -> anyhow::Result<Vec<(String, u32)>> {
+        let inv = FixtureSource::new(&fixture).discover()?;
+        Ok(inv.gpus[0]
+            .mig_devices
+            .iter()
+            .map(|m| (m.uuid.clone(), m.placement.map_or(99, |p| p.start)))
+            .collect())
+    };
+    let allocated = |claim: &str| -> anyhow::Result<String> {
+        c.kubectl_ok(&[
+            "get",
+            "resourceclaim",
+            claim,
+            "-o",
+            "jsonpath={.status.allocation.devices.results[0].device}",
+        ])
+        .map(|s| s.trim().to_string())
+    };
+    c.apply(&mig_claim("big", "4g.20gb"))?;
+    c.apply(&dra_pod("dbig", "big", false))?;
+    let big = running(&c, "dbig").await?;
+    c.apply(&mig_claim("mid", "3g.20gb"))?;
+    c.apply(&dra_pod("dmid", "mid", false))?;
+    let mid = running(&c, "dmid").await?;
+    println!(
+        "dynamic MIG pods running {:.1}s after start",
+        begun.elapsed().as_secs_f64()
+    );
+    // The 3g.20gb could sit at memory slice 0 or 4; the 4g.20gb's counters leave it 4.
+    assert_eq!(allocated("big")?, "gpu-0-mig-4g-20gb-at-0");
+    assert_eq!(allocated("mid")?, "gpu-0-mig-3g-20gb-at-4");
+    let made = instances()?;
+    assert_eq!(made.len(), 2, "{made:?}");
+    for (pod, start) in [(&big, 0), (&mid, 4)] {
+        assert!(made.contains(&(pod["CVD"].clone(), start)), "{pod:?} {made:?}");
+        assert_eq!(pod["DEV"], "1", "the parent card's node only: {pod:?}");
+        assert_eq!(pod["CORE"], "", "a MIG instance has no share limits: {pod:?}");
+    }
+
+    // The card is full (7 of 7 compute slices): a 1g.5gb waits, whatever the memory left.
+    c.apply(&mig_claim("small", "1g.5gb"))?;
+    c.apply(&dra_pod("dsmall", "small", false))?;
+    c.wait_for(
+        &["pod/dsmall"],
+        "{.status.conditions[?(@.type==\"PodScheduled\")].reason}",
+        "Unschedulable",
+        Duration::from_secs(60),
+    )
+    .await?;
+    assert_eq!(allocated("small")?, "");
+
+    // The 4g.20gb's pod and claim go: its instance is destroyed, and the 1g.5gb gets a place
+    // among the slices it freed.
+    c.kubectl_ok(&["delete", "pod", "dbig", "--grace-period=0", "--force"])?;
+    c.kubectl_ok(&["delete", "resourceclaim", "big", "--wait=false"])?;
+    let small = running(&c, "dsmall").await?;
+    let at = allocated("small")?;
+    let start: u32 = at.rsplit('-').next().unwrap_or_default().parse()?;
+    assert!(at.starts_with("gpu-0-mig-1g-5gb-at-") && start < 4, "{at}");
+    let made = instances()?;
+    assert_eq!(made.len(), 2, "{made:?}");
+    assert!(made.contains(&(mid["CVD"].clone(), 4)), "{made:?}");
+    assert!(made.contains(&(small["CVD"].clone(), start)), "{made:?}");
+    assert!(
+        !made.iter().any(|(u, _)| *u == big["CVD"]),
+        "the 4g.20gb's instance is destroyed: {made:?}"
+    );
+    println!("dynamic MIG e2e {:.1}s", begun.elapsed().as_secs_f64());
     Ok(())
 }
 
