@@ -139,3 +139,22 @@ async fn real_libcuda_in_a_container_on_containerd_1_7() -> anyhow::Result<()> {
 async fn real_libcuda_in_a_container_on_containerd_2() -> anyhow::Result<()> {
     real_driver_on(Version::V2).await
 }
+
+/// Dynamic MIG calls NVML entry points nvml-wrapper does not wrap, through raw symbols: each
+/// is in NVIDIA's real 535 and 550 `libnvidia-ml` (loaded, not initialised: no GPU here).
+#[test]
+fn the_real_libnvidia_ml_has_every_entry_point_dynamic_mig_calls() -> anyhow::Result<()> {
+    let u = Userspace::get()?;
+    for b in [Branch::R535, Branch::R550] {
+        let lib = u.library_dir(b).join(format!("libnvidia-ml.so.{}", u.version(b)));
+        let missing = tessera_node::inventory::missing_mig_entry_points(&lib).map_err(anyhow::Error::msg)?;
+        assert!(missing.is_empty(), "{b:?}: {} lacks {missing:?}", lib.display());
+    }
+    // The check itself: a library without them (libcuda) lacks every one.
+    let cuda = u
+        .library_dir(Branch::R535)
+        .join(format!("libcuda.so.{}", u.version(Branch::R535)));
+    let missing = tessera_node::inventory::missing_mig_entry_points(&cuda).map_err(anyhow::Error::msg)?;
+    assert_eq!(missing, tessera_node::inventory::MIG_ENTRY_POINTS);
+    Ok(())
+}

@@ -12,4 +12,4 @@ mod nvml_topology;
 pub use devnodes::create_device_nodes;
 pub use host_driver::FixtureWithHostDriver;
 pub use nvml::NvmlSource;
-pub use nvml_mig::NvmlMig;
+pub use nvml_mig::{ENTRY_POINTS as MIG_ENTRY_POINTS, NvmlMig, missing_entry_points as missing_mig_entry_points};

@@ -39,6 +39,50 @@ const GI_PROFILES: &[(u32, Option<&str>)] = &[
 /// `NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE` .. `_6_SLICE` (REV1, 7, is left out).
 const CI_PROFILES: std::ops::Range<u32> = 0..7;
 
+/// The entry points dynamic MIG calls ([`ENTRY_POINTS`]) and whether a loaded library has
+/// each, from one list.
+macro_rules! entry_points {
+    ($($name:ident),* $(,)?) => {
+        /// The entry points dynamic MIG calls.
+        pub const ENTRY_POINTS: &[&str] = &[$(stringify!($name)),*];
+
+        fn present(lib: &nvml_wrapper_sys::bindings::NvmlLib) -> Vec<bool> {
+            vec![$(lib.$name.is_ok()),*]
+        }
+    };
+}
+
+entry_points!(
+    nvmlDeviceGetGpuInstanceProfileInfo,
+    nvmlDeviceGetGpuInstancePossiblePlacements_v2,
+    nvmlDeviceGetGpuInstanceById,
+    nvmlGpuInstanceGetInfo,
+    nvmlDeviceCreateGpuInstanceWithPlacement,
+    nvmlGpuInstanceGetComputeInstanceProfileInfo,
+    nvmlGpuInstanceCreateComputeInstance,
+    nvmlComputeInstanceGetInfo_v2,
+    nvmlDeviceGetUUID,
+    nvmlGpuInstanceGetComputeInstanceById,
+    nvmlComputeInstanceDestroy,
+    nvmlGpuInstanceDestroy,
+);
+
+/// Which of [`ENTRY_POINTS`] the `libnvidia-ml` at `path` lacks (it is loaded, not
+/// initialised: no GPU is needed).
+pub fn missing_entry_points(path: &std::path::Path) -> Result<Vec<&'static str>, String> {
+    // SAFETY: loading NVIDIA's library runs no code of ours; its initialisers are the
+    // driver's, as for any NVML user.
+    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(ENTRY_POINTS
+        .iter()
+        .copied()
+        .filter(|name| {
+            // SAFETY: the symbol is only looked up, never called.
+            unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err()
+        })
+        .collect())
+}
+
 fn check(call: &str, rc: u32) -> Result<(), String> {
     if rc == 0 {
         Ok(())
@@ -147,9 +191,22 @@ pub struct NvmlMig {
 }
 
 impl NvmlMig {
-    /// Instances through `nvml` (see [`super::NvmlSource::open`]).
-    pub fn new(nvml: Nvml) -> Self {
-        Self { nvml }
+    /// Instances through `nvml` (see [`super::NvmlSource::open`]); refused when its library
+    /// lacks an entry point dynamic MIG calls.
+    pub fn new(nvml: Nvml) -> Result<Self, String> {
+        let present = present(nvml.lib());
+        let missing: Vec<&str> = ENTRY_POINTS
+            .iter()
+            .zip(present)
+            .filter(|(_, ok)| !ok)
+            .map(|(n, _)| *n)
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "this libnvidia-ml lacks {missing:?}: MIG instances cannot be created per claim"
+            ));
+        }
+        Ok(Self { nvml })
     }
 
     fn device(&self, uuid: &str) -> Result<nvmlDevice_t, String> {
