@@ -391,7 +391,9 @@ pub fn slice(node: &str, generation: i64, devices: Vec<resource::Device>) -> res
 /// with `-1`, `-2`, ... after it; one empty slice for a node without devices), then the
 /// counter sets [`COUNTER_SETS_PER_SLICE`] at a time (`-counters-0`, ...).
 pub fn slices(node: &str, generation: i64, published: &Published) -> Vec<resource::ResourceSlice> {
-    let mut specs: Vec<(String, Option<Vec<resource::Device>>, Option<Vec<resource::CounterSet>>)> = Vec::new();
+    // (name, devices, counter sets): a slice holds one or the other.
+    type Content = (Option<Vec<resource::Device>>, Option<Vec<resource::CounterSet>>);
+    let mut specs: Vec<(String, Content)> = Vec::new();
     let base = slice_name(node);
     let chunks: Vec<&[resource::Device]> = if published.devices.is_empty() {
         vec![&[]]
@@ -400,15 +402,15 @@ pub fn slices(node: &str, generation: i64, published: &Published) -> Vec<resourc
     };
     for (i, chunk) in chunks.into_iter().enumerate() {
         let name = if i == 0 { base.clone() } else { format!("{base}-{i}") };
-        specs.push((name, Some(chunk.to_vec()), None));
+        specs.push((name, (Some(chunk.to_vec()), None)));
     }
     for (i, chunk) in published.counter_sets.chunks(COUNTER_SETS_PER_SLICE).enumerate() {
-        specs.push((format!("{base}-counters-{i}"), None, Some(chunk.to_vec())));
+        specs.push((format!("{base}-counters-{i}"), (None, Some(chunk.to_vec()))));
     }
     let count = specs.len() as i64;
     specs
         .into_iter()
-        .map(|(name, devices, shared_counters)| resource::ResourceSlice {
+        .map(|(name, (devices, shared_counters))| resource::ResourceSlice {
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 name: Some(name),
                 ..Default::default()

@@ -836,6 +836,7 @@ mod tests {
                         memory_mib: 4096,
                         exclusive: false,
                     },
+                    carved: None,
                 }],
             })
             .unwrap();
@@ -901,6 +902,7 @@ mod tests {
                     device: "gpu-3".into(),
                     share_id: None,
                     allocated: AllocatedDevice::whole(w),
+                    carved: None,
                 }],
             })
             .unwrap();
