@@ -134,7 +134,7 @@ fn log_driver(inventory: &NodeInventory, last: &mut Option<(PathBuf, String, usi
 /// Runs until SIGTERM/SIGINT.
 pub async fn run(
     source: Box<dyn InventorySource + Send + Sync>,
-    watch: Option<PathBuf>,
+    watch: Vec<PathBuf>,
     config: DaemonConfig,
 ) -> anyhow::Result<()> {
     let mut generator = Generator::default();
@@ -155,11 +155,14 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
-            _ = tokio::time::sleep(Duration::from_millis(500)), if watch.is_some() => {
-                // Cheap change check of the fixture file between polls.
-                let m = watch.as_ref().and_then(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
-                if m == last_mtime { continue; }
-                last_mtime = m;
+            _ = tokio::time::sleep(Duration::from_millis(500)), if !watch.is_empty() => {
+                // Cheap change check between polls of the fixture file, and of the CDI
+                // directory: the DRA plugin writes a claim's marker there right after it made
+                // the claim's MIG instance, which is then read at once rather than at the next
+                // poll.
+                let m: Vec<_> = watch.iter().map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok()).collect();
+                if Some(&m) == last_mtime.as_ref() { continue; }
+                last_mtime = Some(m);
             }
             _ = term.recv() => { info!("SIGTERM: exiting"); return Ok(()); }
             _ = tokio::signal::ctrl_c() => { info!("interrupted: exiting"); return Ok(()); }

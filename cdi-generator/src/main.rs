@@ -283,6 +283,8 @@ async fn main() -> anyhow::Result<()> {
             node_name,
         } => {
             enforcement.install_hook()?;
+            // Read again at once when the fixture or the CDI directory changes (see daemon::run).
+            let watch: Vec<PathBuf> = source.fixture.iter().cloned().chain([cdi_dir.clone()]).collect();
             let config = DaemonConfig {
                 cdi_dir,
                 spec: enforcement.spec(&source.dev_root),
@@ -291,7 +293,7 @@ async fn main() -> anyhow::Result<()> {
                 bundle: enforcement.bundle(&source),
                 check_host_paths: Some(source.host_root.clone()),
             };
-            daemon::run(source.source(), source.fixture.clone(), config).await
+            daemon::run(source.source(), watch, config).await
         }
     }
 }

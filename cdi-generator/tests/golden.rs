@@ -194,3 +194,53 @@ fn every_spec_passes_the_cdi_crate() {
         }
     }
 }
+
+/// A MIG instance the DRA plugin made is listed at once, not at the next poll: the plugin
+/// writes the claim's marker into the CDI directory right after, and the generator reads the
+/// cards again when that directory changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_in_the_cdi_directory_reads_the_cards_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = dir.path().join("node.yaml");
+    let mut f = tessera_core::inventory::Fixture::builtin("a100-dynamic-mig").unwrap();
+    let card = "GPU-1d3a8f42-5c6e-4b1f-9a27-0e8b3c4d5f61";
+    let at = |start| tessera_core::inventory::MigPlacement { start, size: 1 };
+    let first = f.create_mig_instance(card, 19, at(0)).unwrap();
+    std::fs::write(&fixture, f.to_yaml()).unwrap();
+    let cdi = dir.path().join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    let config = DaemonConfig {
+        cdi_dir: cdi.clone(),
+        spec: SpecOptions::default(),
+        interval: std::time::Duration::from_secs(3600),
+        node_name: None,
+        bundle: None,
+        check_host_paths: None,
+    };
+    let lists = |uuid: &str| {
+        std::fs::read_to_string(cdi.join(SPEC_FILE)).is_ok_and(|t| t.contains(&format!("\"name\": \"{uuid}\"")))
+    };
+    // Only the CDI directory is watched here: the fixture changing is not seen on its own.
+    let run = tokio::spawn(tessera_cdi_generator::daemon::run(
+        Box::new(FixtureSource::new(&fixture)),
+        vec![cdi.clone()],
+        config,
+    ));
+    let until = |what: &'static str, f: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    until("the first spec", &|| lists(&first.uuid));
+    // Writing the spec changed the directory too: that reading comes and goes first.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let second = f.create_mig_instance(card, 19, at(1)).unwrap();
+    std::fs::write(&fixture, f.to_yaml()).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(!lists(&second.uuid), "read again without a change in the CDI directory");
+    std::fs::write(cdi.join("tessera.io-claim-x.json"), "{}").unwrap();
+    until("the new instance after the marker", &|| lists(&second.uuid));
+    run.abort();
+}

@@ -22,7 +22,7 @@ use thiserror::Error;
 mod carve;
 
 pub use carve::{
-    Carve, CarveLedger, carvable, carve_of, counter_set, counter_set_name, foreign, placement_device_name,
+    Carve, CarveLedger, Carving, carvable, carve_of, counter_set, counter_set_name, foreign, placement_device_name,
 };
 
 use crate::cdi::{CdiDevice, CdiEdits, CdiSpec};
@@ -221,7 +221,7 @@ pub fn publish(inv: &NodeInventory, memory_unit_mib: u64, dynamic_mig: bool, our
             out.devices
                 .extend(foreign(gpu, ours).map(|m| mig_device(gpu, m, &common)));
             out.devices.extend(carve::placement_devices(gpu, ours, &common));
-            out.counter_sets.push(counter_set(gpu));
+            out.counter_sets.push(counter_set(gpu, ours));
         } else {
             push_card_devices(inv, gpu, unit, ours, &mut out.devices);
         }
@@ -387,9 +387,9 @@ pub fn slice(node: &str, generation: i64, devices: Vec<resource::Device>) -> res
 }
 
 /// Node `node`'s ResourceSlices, all of one pool named after the node at `generation`: the
-/// devices [`DEVICES_PER_SLICE`] at a time (the first slice named [`slice_name`], the others
-/// with `-1`, `-2`, ... after it; one empty slice for a node without devices), then the
-/// counter sets [`COUNTER_SETS_PER_SLICE`] at a time (`-counters-0`, ...).
+/// counter sets [`COUNTER_SETS_PER_SLICE`] at a time (`-counters-0`, ...), then the devices
+/// [`DEVICES_PER_SLICE`] at a time (the first slice named [`slice_name`], the others with
+/// `-1`, `-2`, ... after it; one empty slice for a node without devices).
 pub fn slices(node: &str, generation: i64, published: &Published) -> Vec<resource::ResourceSlice> {
     // (name, devices, counter sets): a slice holds one or the other.
     type Content = (Option<Vec<resource::Device>>, Option<Vec<resource::CounterSet>>);
@@ -400,12 +400,14 @@ pub fn slices(node: &str, generation: i64, published: &Published) -> Vec<resourc
     } else {
         published.devices.chunks(DEVICES_PER_SLICE).collect()
     };
+    // Counters first: written in this order, a new layout's devices never name a counter set
+    // that is not there yet.
+    for (i, chunk) in published.counter_sets.chunks(COUNTER_SETS_PER_SLICE).enumerate() {
+        specs.push((format!("{base}-counters-{i}"), (None, Some(chunk.to_vec()))));
+    }
     for (i, chunk) in chunks.into_iter().enumerate() {
         let name = if i == 0 { base.clone() } else { format!("{base}-{i}") };
         specs.push((name, (Some(chunk.to_vec()), None)));
-    }
-    for (i, chunk) in published.counter_sets.chunks(COUNTER_SETS_PER_SLICE).enumerate() {
-        specs.push((format!("{base}-counters-{i}"), (None, Some(chunk.to_vec()))));
     }
     let count = specs.len() as i64;
     specs

@@ -129,73 +129,86 @@ impl Preparer {
         records
             .iter()
             .flat_map(|r| r.devices.iter().filter_map(|d| d.carved.clone()))
-            .chain(carving.into_iter().flat_map(|(_, c)| c))
+            .chain(carving.into_iter().flat_map(|(_, c)| c).map(|c| c.carve))
             .collect()
     }
 
     /// Destroys the instances left by a prepare that did not finish (a crash between creating
-    /// them and recording the claim): those the ledger names for a claim with no record.
+    /// them and recording the claim, or a failed prepare whose undo failed): those the ledger
+    /// names for a claim with no record. `inv` is a reading of the cards taken after every
+    /// prepare of this plugin that made an instance without noting it had ended.
     pub async fn clean_unfinished_carving(&self, inv: &NodeInventory) {
-        let Some(partitioner) = self.partitioner.clone() else {
+        if self.partitioner.is_none() {
             return;
-        };
+        }
         let _one = self.busy.lock().await;
         let (carving, unreadable) = self.ledger.list();
         for bad in unreadable {
             warn!(error = bad, "a MIG carving record cannot be read");
         }
-        for (uid, carves) in carving {
-            if !matches!(self.store.get(&uid), Ok(None)) {
-                // Recorded (the claim holds them) or unreadable: not ours to destroy.
-                let _ = self.ledger.remove(&uid);
-                continue;
-            }
-            let mut done = true;
-            for c in &carves {
-                let Some(gpu) = inv.gpu_by_uuid(&c.parent_uuid) else {
-                    continue;
-                };
-                for m in gpu.mig_devices.iter().filter(|m| c.made(m)) {
-                    match partitioner.destroy(&c.parent_uuid, m.gi) {
-                        Ok(()) => info!(
-                            uid,
-                            instance = m.uuid,
-                            "MIG instance of an unfinished prepare destroyed"
-                        ),
-                        Err(e) => {
-                            warn!(
-                                uid,
-                                instance = m.uuid,
-                                error = e,
-                                "cannot destroy a MIG instance of an unfinished prepare"
-                            );
-                            done = false;
-                        }
-                    }
+        for (uid, entries) in carving {
+            match self.store.get(&uid) {
+                // Recorded: the claim holds them.
+                Ok(Some(_)) => {
+                    let _ = self.ledger.remove(&uid);
                 }
-            }
-            if done {
-                let _ = self.ledger.remove(&uid);
+                Ok(None) => self.destroy_carving(inv, &uid, &entries),
+                Err(e) => warn!(uid, error = %e, "a claim's record is unreadable: its MIG instances are kept"),
             }
         }
     }
 
-    /// Destroys instances `made` for claim `uid`, whose prepare failed, and forgets them.
-    fn undo_carving(&self, uid: &str, made: &[(Carve, MadeInstance)]) {
+    /// Destroys what the ledger's `entries` of claim `uid` (which holds none of them) made, and
+    /// forgets them once all are gone. An instance made but not noted (a crash in between) is
+    /// found in `inv` by its placement and profile, unless a recorded claim or another entry
+    /// holds it. Call with `busy` held.
+    fn destroy_carving(&self, inv: &NodeInventory, uid: &str, entries: &[dra::Carving]) {
         let Some(partitioner) = &self.partitioner else { return };
-        let mut done = true;
-        for (c, m) in made {
-            if let Err(e) = partitioner.destroy(&c.parent_uuid, m.gi) {
-                warn!(
-                    uid,
-                    instance = m.uuid,
-                    error = e,
-                    "cannot destroy the MIG instance of a failed prepare"
-                );
-                done = false;
+        let (records, _) = self.store.list();
+        let (carving, _) = self.ledger.list();
+        let held: std::collections::BTreeSet<String> = records
+            .iter()
+            .flat_map(|r| r.devices.iter())
+            .filter_map(|d| match &d.allocated {
+                AllocatedDevice::Mig { uuid, .. } => Some(uuid.clone()),
+                AllocatedDevice::Gpu { .. } => None,
+            })
+            .chain(
+                carving
+                    .iter()
+                    .filter(|(other, _)| other != uid)
+                    .flat_map(|(_, c)| c.iter().filter_map(|c| c.made.as_ref().map(|m| m.uuid.clone()))),
+            )
+            .collect();
+        let mut all_gone = true;
+        for entry in entries {
+            let c = &entry.carve;
+            let targets: Vec<(u32, String)> = match &entry.made {
+                Some(m) => vec![(m.gi, m.uuid.clone())],
+                None => inv
+                    .gpu_by_uuid(&c.parent_uuid)
+                    .into_iter()
+                    .flat_map(|g| g.mig_devices.iter())
+                    .filter(|m| c.made(m) && !held.contains(&m.uuid))
+                    .map(|m| (m.gi, m.uuid.clone()))
+                    .collect(),
+            };
+            for (gi, instance) in targets {
+                match partitioner.destroy(&c.parent_uuid, gi, &instance) {
+                    Ok(()) => info!(uid, instance, "MIG instance of an unfinished prepare destroyed"),
+                    Err(e) => {
+                        warn!(
+                            uid,
+                            instance,
+                            error = e,
+                            "cannot destroy a MIG instance of an unfinished prepare; tried again at the next poll"
+                        );
+                        all_gone = false;
+                    }
+                }
             }
         }
-        if done {
+        if all_gone {
             let _ = self.ledger.remove(uid);
         }
     }
@@ -213,30 +226,17 @@ impl Preparer {
         })
     }
 
-    /// Waits until the node's CDI spec lists the instances claim `claim` was given.
-    async fn wait_for_cdi(&self, claim: &PreparedClaim) -> Result<(), String> {
-        let uuids: Vec<&str> = claim
-            .devices
-            .iter()
-            .filter(|d| d.carved.is_some())
-            .filter_map(|d| match &d.allocated {
-                AllocatedDevice::Mig { uuid, .. } => Some(uuid.as_str()),
-                AllocatedDevice::Gpu { .. } => None,
-            })
-            .collect();
+    /// Waits until the node's CDI spec lists every MIG instance in `uuids`; the error names
+    /// those it does not.
+    pub async fn wait_for_cdi(&self, uuids: &[String]) -> Result<(), Vec<String>> {
         let deadline = tokio::time::Instant::now() + self.cdi_wait;
         loop {
-            let missing: Vec<&str> = uuids.iter().copied().filter(|u| !self.cdi_lists(u)).collect();
+            let missing: Vec<String> = uuids.iter().filter(|u| !self.cdi_lists(u)).cloned().collect();
             if missing.is_empty() {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(format!(
-                    "claim {}: MIG instance(s) {missing:?} created, but the node's CDI spec in {} does not list them yet \
-                     (tessera-cdi-generator lists them at its next reading of the cards); asked again, the prepare waits again",
-                    claim.key(),
-                    self.cdi_dir.display()
-                ));
+                return Err(missing);
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
@@ -251,8 +251,10 @@ impl Preparer {
     }
 
     /// Prepares claim `claim` (idempotent: a claim already recorded is answered from its
-    /// record, its marker written again if it went missing).
-    pub async fn prepare(&self, claim: &api::Claim) -> Result<Vec<api::Device>, String> {
+    /// record, its marker written again if it went missing). Also returns the MIG instances
+    /// made for it, which the container can have once the node's CDI spec lists them
+    /// ([`Preparer::wait_for_cdi`], outside the lock).
+    pub async fn prepare(&self, claim: &api::Claim) -> Result<(Vec<api::Device>, Vec<String>), String> {
         let key = format!("{}/{}", claim.namespace, claim.name);
         if !dra::is_uid(&claim.uid) {
             return Err(format!("claim {key}: uid {:?} is not a uid", claim.uid));
@@ -264,8 +266,7 @@ impl Preparer {
             .map_err(|e| format!("claim {key}: its record cannot be read: {e}"))?
         {
             self.write_marker(&done.uid, &done.token)?;
-            self.wait_for_cdi(&done).await?;
-            return Ok(devices_of(&done));
+            return Ok((devices_of(&done), carved_uuids(&done)));
         }
         let inv = self
             .inventory
@@ -287,6 +288,11 @@ impl Preparer {
             let m = p.create(&plan.parent_uuid, plan.profile_id, plan.placement)?;
             info!(claim = key, instance = m.uuid, gi = m.gi, profile = %plan.profile, "MIG instance created");
             made.push((plan.clone(), m.clone()));
+            // Noted, so that an undo destroys exactly this instance (if this write fails, the
+            // poll finds it by its placement).
+            if let Err(e) = self.ledger.made(&claim.uid, plan, &m) {
+                warn!(claim = key, instance = m.uuid, error = %e, "cannot note a made MIG instance");
+            }
             Ok(m)
         });
         let recorded = async {
@@ -305,7 +311,11 @@ impl Preparer {
         let prepared = match recorded {
             Ok(p) => p,
             Err(e) => {
-                self.undo_carving(&claim.uid, &made);
+                if let Ok(entries) = self.ledger.get(&claim.uid)
+                    && !entries.is_empty()
+                {
+                    self.destroy_carving(&inv, &claim.uid, &entries);
+                }
                 return Err(e);
             }
         };
@@ -318,8 +328,7 @@ impl Preparer {
             devices = ?prepared.devices.iter().map(|d| d.device.as_str()).collect::<Vec<_>>(),
             "claim prepared"
         );
-        self.wait_for_cdi(&prepared).await?;
-        Ok(devices_of(&prepared))
+        Ok((devices_of(&prepared), carved_uuids(&prepared)))
     }
 
     /// Refuses `claim` when a card it would share serves another tenant's shares here
@@ -377,12 +386,11 @@ impl Preparer {
                 let p = self.partitioner.as_ref().ok_or_else(|| {
                     format!("claim {uid}: cannot destroy MIG instance {uuid}: this node creates none")
                 })?;
-                p.destroy(&c.parent_uuid, *gi)
+                p.destroy(&c.parent_uuid, *gi, uuid)
                     .map_err(|e| format!("claim {uid}: destroying MIG instance {uuid}: {e}"))?;
                 info!(uid, instance = uuid, "MIG instance destroyed");
             }
         }
-        let _ = self.ledger.remove(uid);
         let marker = self.cdi_dir.join(dra::marker_file(uid));
         match std::fs::remove_file(&marker) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -420,6 +428,19 @@ impl Preparer {
     }
 }
 
+/// The MIG instances made for `claim`.
+fn carved_uuids(claim: &PreparedClaim) -> Vec<String> {
+    claim
+        .devices
+        .iter()
+        .filter(|d| d.carved.is_some())
+        .filter_map(|d| match &d.allocated {
+            AllocatedDevice::Mig { uuid, .. } => Some(uuid.clone()),
+            AllocatedDevice::Gpu { .. } => None,
+        })
+        .collect()
+}
+
 /// The kubelet's view of a prepared claim: each device with the claim's marker.
 fn devices_of(claim: &PreparedClaim) -> Vec<api::Device> {
     claim
@@ -445,23 +466,43 @@ impl DraPlugin for DraService {
         request: Request<api::NodePrepareResourcesRequest>,
     ) -> Result<Response<api::NodePrepareResourcesResponse>, Status> {
         let mut claims = std::collections::HashMap::new();
+        let mut waiting: Vec<(String, Vec<String>)> = Vec::new();
         for c in request.into_inner().claims {
+            let key = format!("{}/{}", c.namespace, c.name);
             let answer = match self.0.prepare(&c).await {
-                Ok(devices) => api::NodePrepareResourceResponse {
-                    devices,
-                    error: String::new(),
-                },
+                Ok((devices, instances)) => {
+                    if !instances.is_empty() {
+                        waiting.push((c.uid.clone(), instances));
+                    }
+                    api::NodePrepareResourceResponse {
+                        devices,
+                        error: String::new(),
+                    }
+                }
                 Err(error) => {
-                    warn!(
-                        claim = format!("{}/{}", c.namespace, c.name),
-                        uid = c.uid,
-                        error,
-                        "cannot prepare"
-                    );
+                    warn!(claim = key, uid = c.uid, error, "cannot prepare");
                     api::NodePrepareResourceResponse { devices: vec![], error }
                 }
             };
             claims.insert(c.uid, answer);
+        }
+        // The instances made for the request's claims, waited for once, outside the lock: a
+        // container gets one once the CDI generator lists it.
+        let all: Vec<String> = waiting.iter().flat_map(|(_, u)| u.iter().cloned()).collect();
+        if let Err(missing) = self.0.wait_for_cdi(&all).await {
+            for (uid, instances) in waiting {
+                let late: Vec<&String> = instances.iter().filter(|u| missing.contains(u)).collect();
+                if late.is_empty() {
+                    continue;
+                }
+                let answer = claims.get_mut(&uid).expect("answered above");
+                answer.devices.clear();
+                answer.error = format!(
+                    "claim {uid}: MIG instance(s) {late:?} made, but the node's CDI spec does not list them yet \
+                     (tessera-cdi-generator lists them at its next reading of the cards); asked again, the prepare waits again"
+                );
+                warn!(uid, error = answer.error, "cannot prepare yet");
+            }
         }
         Ok(Response::new(api::NodePrepareResourcesResponse { claims }))
     }

@@ -433,11 +433,11 @@ impl tessera_core::inventory::MigPartitioner for Instances {
         self.inner.create(parent_uuid, profile_id, placement)
     }
 
-    fn destroy(&self, parent_uuid: &str, gi: u32) -> Result<(), String> {
+    fn destroy(&self, parent_uuid: &str, gi: u32, uuid: &str) -> Result<(), String> {
         if self.refuse_destroy.load(std::sync::atomic::Ordering::Relaxed) {
             return Err("the card is busy".into());
         }
-        self.inner.destroy(parent_uuid, gi)
+        self.inner.destroy(parent_uuid, gi, uuid)
     }
 }
 
@@ -566,6 +566,9 @@ async fn dynamic_mig_creates_an_instance_per_claim_and_destroys_it_when_done() {
     tessera_core::inventory::MigPartitioner::create(&parts.inner, &plan.parent_uuid, plan.profile_id, plan.placement)
         .unwrap();
     assert_eq!(instances(&fixture).len(), 2);
+    // And an entry for the placement a recorded claim holds (a stale one): that instance stays.
+    let held = dra::carve_of(&inv.gpus[0], "gpu-0-mig-3g-20gb-at-4").unwrap();
+    ledger.add("u-stale", &held).unwrap();
     let plugin = Plugin::start_on(dir.path(), claims.clone(), &fixture, Some(parts.clone()));
     for _ in 0..100 {
         if instances(&fixture).len() == 1 {

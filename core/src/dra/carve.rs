@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1 as resource;
 use serde::{Deserialize, Serialize};
 
-use crate::inventory::{Gpu, MigDevice, MigPlacement, MigProfileInfo};
+use crate::inventory::{Gpu, MadeInstance, MigDevice, MigPlacement, MigProfileInfo};
 use crate::mig::MigProfile;
 
 /// A MIG instance Tessera creates for a claim: what to create, and afterwards what to destroy.
@@ -87,22 +87,36 @@ fn engines(info: &MigProfileInfo) -> [(&'static str, u32); 5] {
 }
 
 /// Card `gpu`'s counter set: each memory slice once, and of each engine what its largest
-/// profile has (the whole card's).
-pub fn counter_set(gpu: &Gpu) -> resource::CounterSet {
-    let mut counters = BTreeMap::new();
+/// profile has (the whole card's) less what the instances Tessera did not create (not in
+/// `ours`) take; their memory slices are covered by withholding the placements over them.
+pub fn counter_set(gpu: &Gpu, ours: &[Carve]) -> resource::CounterSet {
+    let mut memory = std::collections::BTreeSet::new();
+    let mut totals: BTreeMap<&'static str, u32> = BTreeMap::new();
     for info in &gpu.mig_profiles {
-        for placement in &info.placements {
-            for s in placement.slices() {
-                counters.insert(format!("memory-slice-{s}"), counter(1));
+        memory.extend(info.placements.iter().flat_map(MigPlacement::slices));
+        for (name, n) in engines(info) {
+            let have = totals.entry(name).or_default();
+            *have = (*have).max(n);
+        }
+    }
+    for m in foreign(gpu, ours) {
+        if let Some(info) = profile_of(gpu, m) {
+            for (name, n) in engines(info) {
+                if let Some(have) = totals.get_mut(name) {
+                    *have = have.saturating_sub(n);
+                }
             }
         }
+    }
+    let mut counters: BTreeMap<String, resource::Counter> = memory
+        .into_iter()
+        .map(|s| (format!("memory-slice-{s}"), counter(1)))
+        .collect();
+    // A counter the card has none of is left out (no device consumes it).
+    for info in &gpu.mig_profiles {
         for (name, n) in engines(info) {
-            let have = counters
-                .get(name)
-                .and_then(|c: &resource::Counter| c.value.0.parse::<u32>().ok())
-                .unwrap_or(0);
-            if n > have {
-                counters.insert(name.into(), counter(u64::from(n)));
+            if n > 0 {
+                counters.insert(name.into(), counter(u64::from(totals[name])));
             }
         }
     }
@@ -110,6 +124,11 @@ pub fn counter_set(gpu: &Gpu) -> resource::CounterSet {
         name: counter_set_name(gpu),
         counters,
     }
+}
+
+/// The profile of instance `m` among its card's.
+fn profile_of<'a>(gpu: &'a Gpu, m: &MigDevice) -> Option<&'a MigProfileInfo> {
+    gpu.mig_profiles.iter().find(|p| p.profile == m.profile)
 }
 
 /// The instances on `gpu` that Tessera did not create (`ours` are what it created).
@@ -121,13 +140,15 @@ pub fn foreign<'a>(gpu: &'a Gpu, ours: &'a [Carve]) -> impl Iterator<Item = &'a 
 
 /// The placement devices of `gpu` (each profile at each placement no foreign instance
 /// covers), each consuming its share of the card's counters; `attributes` are the card's
-/// common attributes. An instance whose placement is unknown covers the whole card.
+/// common attributes. An instance whose placement or profile is unknown covers the whole card.
 pub fn placement_devices(
     gpu: &Gpu,
     ours: &[Carve],
     attributes: &BTreeMap<String, resource::DeviceAttribute>,
 ) -> Vec<resource::Device> {
-    let taken: Vec<Option<MigPlacement>> = foreign(gpu, ours).map(|m| m.placement).collect();
+    let taken: Vec<Option<MigPlacement>> = foreign(gpu, ours)
+        .map(|m| m.placement.filter(|_| profile_of(gpu, m).is_some()))
+        .collect();
     let mut out = Vec::new();
     for info in &gpu.mig_profiles {
         for &placement in &info.placements {
@@ -178,10 +199,22 @@ pub fn carve_of(gpu: &Gpu, device: &str) -> Option<Carve> {
     })
 }
 
+/// One instance in the [`CarveLedger`]: what is being made, and once it is, which instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Carving {
+    /// What is being made.
+    pub carve: Carve,
+    /// The instance, once made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made: Option<MadeInstance>,
+}
+
 /// The MIG instances being created for claims not yet recorded: one file per claim uid,
-/// written before NVML is asked for an instance and removed once the claim's record (which
-/// lists what it carved) is written, or the instances are destroyed. What a file names and no
-/// record does is left over from a crash in the middle of a prepare, and is destroyed.
+/// written before NVML is asked for an instance, told the instance once it is made, and
+/// removed once the claim's record (which lists what it carved) is written, or the instances
+/// are destroyed. What a file names and no record does is left over from a crash or a failed
+/// prepare, and is destroyed.
 #[derive(Debug, Clone)]
 pub struct CarveLedger {
     dir: std::path::PathBuf,
@@ -206,7 +239,7 @@ impl CarveLedger {
     }
 
     /// What is being carved for claim `uid`.
-    pub fn get(&self, uid: &str) -> std::io::Result<Vec<Carve>> {
+    pub fn get(&self, uid: &str) -> std::io::Result<Vec<Carving>> {
         let path = self.path(uid)?;
         match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
@@ -216,14 +249,30 @@ impl CarveLedger {
         }
     }
 
+    fn put(&self, uid: &str, all: &[Carving]) -> std::io::Result<()> {
+        let text = serde_json::to_vec_pretty(all).map_err(std::io::Error::other)?;
+        super::write_atomic(&self.dir, &self.path(uid)?, &text, 0o700, 0o600)
+    }
+
     /// Adds `carve` to what is being carved for claim `uid` (before it is made).
     pub fn add(&self, uid: &str, carve: &Carve) -> std::io::Result<()> {
         let mut all = self.get(uid)?;
-        if !all.contains(carve) {
-            all.push(carve.clone());
+        if !all.iter().any(|c| c.carve == *carve) {
+            all.push(Carving {
+                carve: carve.clone(),
+                made: None,
+            });
         }
-        let text = serde_json::to_vec_pretty(&all).map_err(std::io::Error::other)?;
-        super::write_atomic(&self.dir, &self.path(uid)?, &text, 0o700, 0o600)
+        self.put(uid, &all)
+    }
+
+    /// Notes that `carve`, of claim `uid`, is instance `made`.
+    pub fn made(&self, uid: &str, carve: &Carve, made: &MadeInstance) -> std::io::Result<()> {
+        let mut all = self.get(uid)?;
+        for c in all.iter_mut().filter(|c| c.carve == *carve) {
+            c.made = Some(made.clone());
+        }
+        self.put(uid, &all)
     }
 
     /// Forgets claim `uid`'s carving (no error when there is none).
@@ -234,9 +283,9 @@ impl CarveLedger {
         }
     }
 
-    /// Every claim with carving under way, and its carves (unreadable files are named in the
+    /// Every claim with carving under way, and its carvings (unreadable files are named in the
     /// error list).
-    pub fn list(&self) -> (Vec<(String, Vec<Carve>)>, Vec<String>) {
+    pub fn list(&self) -> (Vec<(String, Vec<Carving>)>, Vec<String>) {
         let (mut out, mut bad) = (Vec::new(), Vec::new());
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return (out, bad);

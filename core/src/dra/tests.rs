@@ -482,9 +482,9 @@ fn slices_hold_devices_or_counters_within_the_apis_limits() {
     assert_eq!(
         names,
         [
-            "node-a-gpu.tessera.io",
             "node-a-gpu.tessera.io-counters-0",
-            "node-a-gpu.tessera.io-counters-1"
+            "node-a-gpu.tessera.io-counters-1",
+            "node-a-gpu.tessera.io",
         ]
     );
     for slice in &s {
@@ -573,14 +573,18 @@ fn an_instance_tessera_did_not_make_is_offered_as_it_is_and_its_placements_are_n
     assert!(p.devices.iter().all(|d| d.name != "gpu-0-mig-3-0"));
     let p = publish(&inv, 1024, false, &[]);
     assert!(p.devices.iter().any(|d| d.name == "gpu-0-mig-3-0"));
-    // An instance of unknown placement covers the card.
+    // An instance of unknown placement, or of a profile the card does not list, covers the card.
+    let mut odd = inv.clone();
+    odd.gpus[0].mig_devices[0].profile = "1c.2g.10gb".parse().unwrap();
     inv.gpus[0].mig_devices[0].placement = None;
-    let p = publish(&inv, 1024, true, &[]);
-    assert_eq!(
-        p.devices.iter().filter(|d| d.name.starts_with("gpu-0-")).count(),
-        1,
-        "only the instance itself"
-    );
+    for inv in [inv, odd] {
+        let p = publish(&inv, 1024, true, &[]);
+        assert_eq!(
+            p.devices.iter().filter(|d| d.name.starts_with("gpu-0-")).count(),
+            1,
+            "only the instance itself"
+        );
+    }
 }
 
 #[test]
@@ -646,7 +650,15 @@ fn the_carving_ledger_names_what_is_being_made() {
     ledger.add("u-1", &a).unwrap();
     ledger.add("u-1", &b).unwrap();
     ledger.add("u-1", &a).unwrap();
-    assert_eq!(ledger.get("u-1").unwrap(), vec![a.clone(), b]);
+    let made = MadeInstance {
+        gi: 1,
+        ci: 0,
+        uuid: "MIG-x".into(),
+    };
+    ledger.made("u-1", &b, &made).unwrap();
+    let got = ledger.get("u-1").unwrap();
+    assert_eq!(got.iter().map(|c| &c.carve).collect::<Vec<_>>(), [&a, &b]);
+    assert_eq!((got[0].made.as_ref(), got[1].made.as_ref()), (None, Some(&made)));
     assert!(ledger.add("../x", &a).is_err());
     assert_eq!(ledger.list().0.len(), 1);
     ledger.remove("u-1").unwrap();

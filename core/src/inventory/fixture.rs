@@ -363,17 +363,19 @@ impl Fixture {
         Ok(MadeInstance { gi, ci: 0, uuid })
     }
 
-    /// Destroys GPU instance `gi` of card `gpu_uuid` and its compute instances; `false` when
-    /// there is none.
-    pub fn destroy_mig_instance(&mut self, gpu_uuid: &str, gi: u32) -> Result<bool, String> {
+    /// Destroys GPU instance `gi` of card `gpu_uuid` and its compute instances when it is MIG
+    /// device `uuid`; `false` when there is no such instance.
+    pub fn destroy_mig_instance(&mut self, gpu_uuid: &str, gi: u32, uuid: &str) -> Result<bool, String> {
         let gpu = self
             .gpus
             .iter_mut()
             .find(|g| g.uuid == gpu_uuid)
             .ok_or_else(|| format!("no card {gpu_uuid}"))?;
-        let before = gpu.mig_devices.len();
+        if !gpu.mig_devices.iter().any(|m| m.gi == gi && m.uuid == uuid) {
+            return Ok(false);
+        }
         gpu.mig_devices.retain(|m| m.gi != gi);
-        Ok(gpu.mig_devices.len() != before)
+        Ok(true)
     }
 
     /// The fixture as YAML (what [`Fixture::parse`] reads).
@@ -417,8 +419,8 @@ impl super::MigPartitioner for FixtureMigInstances {
         self.change(|f| f.create_mig_instance(parent_uuid, profile_id, placement))
     }
 
-    fn destroy(&self, parent_uuid: &str, gi: u32) -> Result<(), String> {
-        self.change(|f| f.destroy_mig_instance(parent_uuid, gi).map(|_| ()))
+    fn destroy(&self, parent_uuid: &str, gi: u32, uuid: &str) -> Result<(), String> {
+        self.change(|f| f.destroy_mig_instance(parent_uuid, gi, uuid).map(|_| ()))
     }
 }
 

@@ -36,9 +36,10 @@ pub trait MigPartitioner: Send + Sync {
     /// `parent_uuid`, with one compute instance covering it.
     fn create(&self, parent_uuid: &str, profile_id: u32, placement: MigPlacement) -> Result<MadeInstance, String>;
 
-    /// Destroys GPU instance `gi` of card `parent_uuid` and its compute instances (done when
-    /// it is gone already).
-    fn destroy(&self, parent_uuid: &str, gi: u32) -> Result<(), String>;
+    /// Destroys GPU instance `gi` of card `parent_uuid` and its compute instances when it is
+    /// still MIG device `uuid` (done when it is gone already, or the id now names another
+    /// instance: ids are reused).
+    fn destroy(&self, parent_uuid: &str, gi: u32, uuid: &str) -> Result<(), String>;
 }
 
 /// A character device node.
@@ -98,7 +99,7 @@ pub struct MigDevice {
 }
 
 /// A MIG instance just created: a GPU instance with one compute instance covering it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MadeInstance {
     /// GPU instance id.
     pub gi: u32,
@@ -372,10 +373,15 @@ impl NodeInventory {
                 ));
             }
             let mut profile_ids = BTreeSet::new();
+            let mut profile_names = BTreeSet::new();
             for (j, p) in g.mig_profiles.iter().enumerate() {
                 let at = |f: &str| format!("gpus[{i}].mig_profiles[{j}].{f}");
                 if !profile_ids.insert(p.id) {
                     return Err(invalid(at("id"), p.id.to_string(), "duplicate profile id"));
+                }
+                // Device names are made of the profile's name: two of one name would clash.
+                if !profile_names.insert(p.profile.to_string()) {
+                    return Err(invalid(at("profile"), p.profile.to_string(), "duplicate profile name"));
                 }
                 if p.slices == 0 || p.memory_mib == 0 || p.memory_mib > g.memory_mib {
                     return Err(invalid(

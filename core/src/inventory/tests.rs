@@ -213,9 +213,11 @@ fn a_fixture_card_creates_and_destroys_instances_as_nvml_does() {
     assert_eq!(m.placement, Some(at(4, 4)));
     assert_eq!(m.gi_access.minor, 3 + 9 * a.gi);
     assert_eq!(m.ci_access.path, cap_path(3 + 9 * a.gi + 1));
-    assert!(f.destroy_mig_instance(card, a.gi).unwrap());
-    assert!(!f.destroy_mig_instance(card, a.gi).unwrap());
+    // Destroyed only as the instance it was: an id alone may name a later one.
+    assert!(!f.destroy_mig_instance(card, a.gi, &b.uuid).unwrap());
+    assert!(f.destroy_mig_instance(card, a.gi, &a.uuid).unwrap());
+    assert!(!f.destroy_mig_instance(card, a.gi, &a.uuid).unwrap());
     f.create_mig_instance(card, 5, at(0, 4)).unwrap_err();
-    assert!(f.destroy_mig_instance(card, b.gi).unwrap());
+    assert!(f.destroy_mig_instance(card, b.gi, &b.uuid).unwrap());
     f.create_mig_instance(card, 0, at(0, 8)).unwrap();
 }

@@ -275,7 +275,7 @@ impl NvmlSource {
 
 /// GPU and compute instance ids of a MIG handle (not wrapped by nvml-wrapper; called through
 /// the raw bindings it exposes).
-fn instance_ids(nvml: &Nvml, mig: &nvml_wrapper::Device<'_>) -> Result<(u32, u32), InventoryError> {
+pub(crate) fn instance_ids(nvml: &Nvml, mig: &nvml_wrapper::Device<'_>) -> Result<(u32, u32), InventoryError> {
     let lib = nvml.lib();
     let get_gi = lib
         .nvmlDeviceGetGpuInstanceId

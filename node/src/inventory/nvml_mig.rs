@@ -7,19 +7,20 @@ use std::mem::MaybeUninit;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings::{
-    NVML_DEVICE_UUID_V2_BUFFER_SIZE, nvmlComputeInstance_t, nvmlComputeInstanceInfo_t,
-    nvmlComputeInstanceProfileInfo_t, nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
-    nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t,
+    nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstanceProfileInfo_t, nvmlDevice_t,
+    nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t,
 };
 use tessera_core::inventory::{MadeInstance, MigPartitioner, MigPlacement, MigProfileInfo};
 use tessera_core::mig::MigProfile;
 
 /// NVML's "not found" return code.
 const NOT_FOUND: u32 = 6;
+/// NVML's "invalid argument" return code.
+const INVALID_ARGUMENT: u32 = 2;
 /// `NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED`.
 const ENGINE_SHARED: u32 = 0;
 /// GPU instance profile indices and the attribute their names carry (`NVML_GPU_INSTANCE_PROFILE_*`):
-/// the plain ones, `+me` (REV1), the double-memory 1-slice (REV2) and `+gfx`. The media-less and
+/// the plain ones, `+me` (the REV1s), the double-memory 1-slice (REV2) and `+gfx`. The media-less and
 /// all-media ones (13 to 16) have names Tessera's profile names cannot carry, and are not offered.
 const GI_PROFILES: &[(u32, Option<&str>)] = &[
     (0, None),
@@ -30,7 +31,7 @@ const GI_PROFILES: &[(u32, Option<&str>)] = &[
     (5, None),
     (6, None),
     (7, Some("me")),
-    (8, None),
+    (8, Some("me")),
     (9, None),
     (10, Some("gfx")),
     (11, Some("gfx")),
@@ -62,6 +63,10 @@ entry_points!(
     nvmlGpuInstanceCreateComputeInstance,
     nvmlComputeInstanceGetInfo_v2,
     nvmlDeviceGetUUID,
+    nvmlDeviceGetMaxMigDeviceCount,
+    nvmlDeviceGetMigDeviceHandleByIndex,
+    nvmlDeviceGetGpuInstanceId,
+    nvmlDeviceGetComputeInstanceId,
     nvmlGpuInstanceGetComputeInstanceById,
     nvmlComputeInstanceDestroy,
     nvmlGpuInstanceDestroy,
@@ -84,11 +89,7 @@ pub fn missing_entry_points(path: &std::path::Path) -> Result<Vec<&'static str>,
 }
 
 fn check(call: &str, rc: u32) -> Result<(), String> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(format!("{call}: NVML return code {rc}"))
-    }
+    nvml_wrapper::error::nvml_try(rc).map_err(|e| format!("{call}: {e} (NVML return code {rc})"))
 }
 
 macro_rules! sym {
@@ -102,8 +103,8 @@ macro_rules! sym {
 }
 
 /// The GPU instance profiles card `device` can create, named as NVIDIA names them for a card
-/// of `total_mib`, each with its possible placements (profiles the card does not support are
-/// skipped).
+/// of `total_mib`, each with its possible placements (profiles the card does not support, or
+/// whose placements cannot be read, are skipped).
 pub(crate) fn profiles(nvml: &Nvml, device: nvmlDevice_t, total_mib: u64) -> Result<Vec<MigProfileInfo>, String> {
     let info_of = sym!(nvml, nvmlDeviceGetGpuInstanceProfileInfo);
     let placements_of = sym!(nvml, nvmlDeviceGetGpuInstancePossiblePlacements_v2);
@@ -120,11 +121,16 @@ pub(crate) fn profiles(nvml: &Nvml, device: nvmlDevice_t, total_mib: u64) -> Res
         let mut count: u32 = 0;
         // SAFETY: a null array asks for the count only.
         let rc = unsafe { placements_of(device, info.id, std::ptr::null_mut(), &mut count) };
-        check("nvmlDeviceGetGpuInstancePossiblePlacements_v2", rc)?;
+        if rc != 0 || count == 0 {
+            // A profile with nowhere to go is not offered.
+            continue;
+        }
         let mut raw = vec![nvmlGpuInstancePlacement_t { start: 0, size: 0 }; count as usize];
         // SAFETY: `raw` has room for `count` placements.
         let rc = unsafe { placements_of(device, info.id, raw.as_mut_ptr(), &mut count) };
-        check("nvmlDeviceGetGpuInstancePossiblePlacements_v2", rc)?;
+        if rc != 0 {
+            continue;
+        }
         raw.truncate(count as usize);
         let mut name = super::nvml::mig_profile_name(info.sliceCount, info.sliceCount, info.memorySizeMB, total_mib);
         if let Some(a) = attribute {
@@ -219,6 +225,30 @@ impl NvmlMig {
         Ok(unsafe { dev.handle() })
     }
 
+    /// The UUID of the MIG device of GPU instance `gi`, compute instance `ci` (any compute
+    /// instance when `None`) on card `parent_uuid`, when there is one. (A compute instance's
+    /// info names its parent card, not the MIG device: the MIG device is found among the
+    /// card's.)
+    fn mig_uuid(&self, parent_uuid: &str, gi: u32, ci: Option<u32>) -> Result<Option<String>, String> {
+        let parent = self
+            .nvml
+            .device_by_uuid(parent_uuid)
+            .map_err(|e| format!("nvmlDeviceGetHandleByUUID({parent_uuid}): {e}"))?;
+        let max = parent
+            .mig_device_count()
+            .map_err(|e| format!("nvmlDeviceGetMaxMigDeviceCount: {e}"))?;
+        for i in 0..max {
+            let Ok(mig) = parent.mig_device_by_index(i) else {
+                continue;
+            };
+            let (g, c) = super::nvml::instance_ids(&self.nvml, &mig).map_err(|e| e.to_string())?;
+            if g == gi && ci.is_none_or(|ci| ci == c) {
+                return mig.uuid().map(Some).map_err(|e| format!("nvmlDeviceGetUUID: {e}"));
+            }
+        }
+        Ok(None)
+    }
+
     fn destroy_compute_instances(&self, gi: nvmlGpuInstance_t) -> Result<(), String> {
         let by_id = sym!(self.nvml, nvmlGpuInstanceGetComputeInstanceById);
         let destroy = sym!(self.nvml, nvmlComputeInstanceDestroy);
@@ -226,9 +256,11 @@ impl NvmlMig {
             let mut ci = MaybeUninit::<nvmlComputeInstance_t>::zeroed();
             // SAFETY: `gi` is live; `ci` is a valid out-pointer.
             let rc = unsafe { by_id(gi, id, ci.as_mut_ptr()) };
-            if rc != 0 {
+            // Not found (or an id past the instance's): nothing there.
+            if rc == NOT_FOUND || rc == INVALID_ARGUMENT {
                 continue;
             }
+            check("nvmlGpuInstanceGetComputeInstanceById", rc)?;
             // SAFETY: NVML filled it (rc 0) and it is destroyed once.
             check("nvmlComputeInstanceDestroy", unsafe { destroy(ci.assume_init()) })?;
         }
@@ -256,7 +288,7 @@ impl MigPartitioner for NvmlMig {
         })?;
         // SAFETY: NVML filled it (rc 0).
         let gi = unsafe { gi.assume_init() };
-        let made = (|| {
+        let made = (|| -> Result<MadeInstance, String> {
             let mut gi_info = MaybeUninit::<nvmlGpuInstanceInfo_t>::zeroed();
             // SAFETY: `gi` is live; `gi_info` is a valid out-pointer.
             check("nvmlGpuInstanceGetInfo", unsafe {
@@ -297,44 +329,56 @@ impl MigPartitioner for NvmlMig {
             // SAFETY: NVML filled it (rc 0).
             let ci = unsafe { ci.assume_init() };
             let mut ci_info = MaybeUninit::<nvmlComputeInstanceInfo_t>::zeroed();
-            // SAFETY: `ci` is live; `ci_info` is a valid out-pointer (its version field is set
-            // by the _v2 entry point itself).
+            // SAFETY: `ci` is live; `ci_info` is a valid out-pointer.
             check("nvmlComputeInstanceGetInfo_v2", unsafe {
                 ci_info_of(ci, ci_info.as_mut_ptr())
             })?;
             // SAFETY: NVML filled it (rc 0).
             let ci_info = unsafe { ci_info.assume_init() };
-            let get_uuid = sym!(self.nvml, nvmlDeviceGetUUID);
-            let mut buf = [0 as std::ffi::c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE as usize];
-            // SAFETY: `ci_info.device` is the MIG device's live handle; `buf` has the room
-            // NVML asks for.
-            check("nvmlDeviceGetUUID", unsafe {
-                get_uuid(ci_info.device, buf.as_mut_ptr(), buf.len() as u32)
-            })?;
-            // SAFETY: NVML wrote a NUL-terminated string into `buf`.
-            let uuid = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
-                .to_string_lossy()
-                .into_owned();
+            let uuid = self
+                .mig_uuid(parent_uuid, gi_info.id, Some(ci_info.id))?
+                .ok_or_else(|| {
+                    format!(
+                        "no MIG device for GPU instance {} compute instance {}",
+                        gi_info.id, ci_info.id
+                    )
+                })?;
             Ok(MadeInstance {
                 gi: gi_info.id,
                 ci: ci_info.id,
                 uuid,
             })
         })();
-        if made.is_err() {
+        if let Err(e) = &made {
             // Nothing half made stays: the compute instances, then the GPU instance.
-            let _ = self.destroy_compute_instances(gi);
-            // SAFETY: `gi` is live and destroyed once.
-            let _ = unsafe { destroy_gi(gi) };
+            let undone = self.destroy_compute_instances(gi).and_then(|()| {
+                // SAFETY: `gi` is live and destroyed once.
+                check("nvmlGpuInstanceDestroy", unsafe { destroy_gi(gi) })
+            });
+            if let Err(left) = undone {
+                return Err(format!(
+                    "{e}; the half-made GPU instance could not be destroyed: {left}"
+                ));
+            }
         }
-        made
+        made.map_err(|e| {
+            format!(
+                "card {parent_uuid}, GPU instance profile {profile_id} at {}:{}: {e}",
+                placement.start, placement.size
+            )
+        })
     }
 
-    fn destroy(&self, parent_uuid: &str, gi: u32) -> Result<(), String> {
+    fn destroy(&self, parent_uuid: &str, gi: u32, uuid: &str) -> Result<(), String> {
         let device = self.device(parent_uuid)?;
         let Some(handle) = gpu_instance(&self.nvml, device, gi)? else {
             return Ok(());
         };
+        // The id may name a later instance: destroyed only as the one it was.
+        match self.mig_uuid(parent_uuid, gi, None)? {
+            Some(now) if now == uuid => {}
+            _ => return Ok(()),
+        }
         self.destroy_compute_instances(handle)?;
         let destroy_gi = sym!(self.nvml, nvmlGpuInstanceDestroy);
         // SAFETY: `handle` is live and destroyed once.
