@@ -90,7 +90,31 @@ impl Generator {
         {
             opts.driver_bundle = Some(crate::bundle::prepare(inventory, &b.host_root, &b.root)?);
         }
-        let (spec, text) = spec::render(inventory, &opts)?;
+        let (spec, text) = match spec::render(inventory, &opts) {
+            // A node whose cards are in MIG mode with no instance left (dynamic MIG makes them
+            // per claim): no spec, since a CDI spec holds at least one device, rather than one
+            // naming instances that are gone.
+            Err(spec::SpecError::Empty) if inventory.gpus.iter().any(tessera_core::dra::carvable) => {
+                let path = config.cdi_dir.join(writer::SPEC_FILE);
+                let outcome = match std::fs::remove_file(&path) {
+                    Ok(()) => WriteOutcome::Removed,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => WriteOutcome::Unchanged,
+                    Err(e) => return Err(anyhow::anyhow!("cannot remove {}: {e}", path.display())),
+                };
+                let removed = self
+                    .last
+                    .take()
+                    .map(|s| s.devices.into_iter().map(|d| d.name).collect())
+                    .unwrap_or_default();
+                self.last_inventory = Some(inventory.clone());
+                return Ok(Generation {
+                    outcome,
+                    added: vec![],
+                    removed,
+                });
+            }
+            r => r?,
+        };
         if let Some(root) = &config.check_host_paths {
             let missing = spec::missing_host_paths(&spec, &opts, root);
             if !missing.is_empty() {

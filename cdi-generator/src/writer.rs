@@ -16,6 +16,9 @@ pub enum WriteOutcome {
     Written,
     /// The file already had this content; it was not touched.
     Unchanged,
+    /// The node has no device to offer (a dynamic-MIG node whose instances are all gone): the
+    /// file was removed.
+    Removed,
 }
 
 /// A write that failed; the previous file is left as it was.

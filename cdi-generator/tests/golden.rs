@@ -244,3 +244,40 @@ async fn a_change_in_the_cdi_directory_reads_the_cards_again() {
     until("the new instance after the marker", &|| lists(&second.uuid));
     run.abort();
 }
+
+/// A dynamic-MIG node whose last instance is destroyed has no spec, not one naming the
+/// instance that is gone; the next instance brings it back.
+#[test]
+fn the_spec_goes_with_the_last_mig_instance() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = dir.path().join("node.yaml");
+    let mut f = tessera_core::inventory::Fixture::builtin("a100-dynamic-mig").unwrap();
+    let card = "GPU-1d3a8f42-5c6e-4b1f-9a27-0e8b3c4d5f61";
+    let at = tessera_core::inventory::MigPlacement { start: 0, size: 8 };
+    let made = f.create_mig_instance(card, 0, at).unwrap();
+    std::fs::write(&fixture, f.to_yaml()).unwrap();
+    let config = DaemonConfig {
+        cdi_dir: dir.path().join("cdi"),
+        spec: SpecOptions::default(),
+        interval: std::time::Duration::from_secs(1),
+        node_name: None,
+        bundle: None,
+        check_host_paths: None,
+    };
+    let source = FixtureSource::new(&fixture);
+    let mut g = Generator::default();
+    let spec_file = dir.path().join("cdi").join(SPEC_FILE);
+    assert_eq!(g.step(&source, &config).unwrap().0.outcome, WriteOutcome::Written);
+    assert!(std::fs::read_to_string(&spec_file).unwrap().contains(&made.uuid));
+    assert!(f.destroy_mig_instance(card, made.gi, &made.uuid).unwrap());
+    std::fs::write(&fixture, f.to_yaml()).unwrap();
+    let (gone, _) = g.step(&source, &config).unwrap();
+    assert_eq!(gone.outcome, WriteOutcome::Removed);
+    assert!(gone.removed.contains(&made.uuid), "{gone:?}");
+    assert!(!spec_file.exists());
+    assert_eq!(g.step(&source, &config).unwrap().0.outcome, WriteOutcome::Unchanged);
+    let again = f.create_mig_instance(card, 0, at).unwrap();
+    std::fs::write(&fixture, f.to_yaml()).unwrap();
+    assert_eq!(g.step(&source, &config).unwrap().0.outcome, WriteOutcome::Written);
+    assert!(std::fs::read_to_string(&spec_file).unwrap().contains(&again.uuid));
+}
