@@ -8,7 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_core::dra::{self, Carve, CarveLedger, ClaimStore, PreparedClaim};
 use tessera_core::handoff::AllocatedDevice;
-use tessera_core::inventory::{MadeInstance, MigPartitioner, NodeInventory};
+use tessera_core::inventory::{MigPartitioner, NodeInventory};
 use tessera_proto::dra as api;
 use tessera_proto::dra::dra_plugin_server::DraPlugin;
 use tokio::sync::{Mutex, watch};
@@ -276,7 +276,7 @@ impl Preparer {
         let found = self.claims.get(&claim.namespace, &claim.name).await?;
         // A MIG instance the claim was allocated is created here, named in the ledger first:
         // a crash before the record leaves a ledger entry, and the instance is destroyed.
-        let mut made: Vec<(Carve, MadeInstance)> = Vec::new();
+        let mut carved = false;
         let partitioner = self.partitioner.clone();
         let planned = dra::prepare_with(&inv, &self.node, &claim.uid, &found, &mut |plan| {
             let p = partitioner
@@ -287,7 +287,7 @@ impl Preparer {
                 .map_err(|e| format!("recording it before creating it: {e}"))?;
             let m = p.create(&plan.parent_uuid, plan.profile_id, plan.placement)?;
             info!(claim = key, instance = m.uuid, gi = m.gi, profile = %plan.profile, "MIG instance created");
-            made.push((plan.clone(), m.clone()));
+            carved = true;
             // Noted, so that an undo destroys exactly this instance (if this write fails, the
             // poll finds it by its placement).
             if let Err(e) = self.ledger.made(&claim.uid, plan, &m) {
@@ -319,7 +319,7 @@ impl Preparer {
                 return Err(e);
             }
         };
-        if !made.is_empty() {
+        if carved {
             let _ = self.ledger.remove(&claim.uid);
         }
         info!(
