@@ -198,15 +198,11 @@ pub async fn run(
                     Ok(g) if g.outcome == WriteOutcome::Written => {
                         info!(added = ?g.added, removed = ?g.removed, dir = %config.cdi_dir.display(), "CDI spec written");
                     }
+                    Ok(g) if g.outcome == WriteOutcome::Removed => info!(
+                        removed = ?g.removed,
+                        "the cards in MIG mode have no instance left (dynamic MIG makes them per claim): CDI spec removed until one exists"
+                    ),
                     Ok(_) => {}
-                    Err(e)
-                        if matches!(e.downcast_ref(), Some(crate::spec::SpecError::Empty))
-                            && inventory.gpus.iter().any(tessera_core::dra::carvable) =>
-                    {
-                        info!(
-                            "the cards in MIG mode have no instance yet (with dynamic MIG the DRA plugin creates them per claim): no CDI spec until one exists"
-                        )
-                    }
                     Err(e) => error!(
                         error = format!("{e:#}"),
                         "no CDI spec written; GPU containers cannot start on this node until this is fixed"

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tessera_core::dra::{self, Carve, CarveLedger, ClaimStore, PreparedClaim};
 use tessera_core::handoff::AllocatedDevice;
-use tessera_core::inventory::{MigPartitioner, NodeInventory};
+use tessera_core::inventory::{InventorySource, MadeInstance, MigPartitioner, NodeInventory};
 use tessera_proto::dra as api;
 use tessera_proto::dra::dra_plugin_server::DraPlugin;
 use tokio::sync::{Mutex, watch};
@@ -133,36 +133,45 @@ impl Preparer {
             .collect()
     }
 
-    /// Destroys the instances left by a prepare that did not finish (a crash between creating
+    /// Destroys the instances left by prepares that did not finish (a crash between creating
     /// them and recording the claim, or a failed prepare whose undo failed): those the ledger
-    /// names for a claim with no record. `inv` is a reading of the cards taken after every
-    /// prepare of this plugin that made an instance without noting it had ended.
-    pub async fn clean_unfinished_carving(&self, inv: &NodeInventory) {
+    /// names that no recorded claim holds. The cards are read from `source` under the lock,
+    /// after every prepare that could have made one.
+    pub async fn clean_unfinished_carving(&self, source: &(dyn InventorySource + Send + Sync)) {
         if self.partitioner.is_none() {
             return;
         }
-        let _one = self.busy.lock().await;
         let (carving, unreadable) = self.ledger.list();
         for bad in unreadable {
             warn!(error = bad, "a MIG carving record cannot be read");
         }
-        for (uid, entries) in carving {
-            match self.store.get(&uid) {
-                // Recorded: the claim holds them.
-                Ok(Some(_)) => {
-                    let _ = self.ledger.remove(&uid);
+        if carving.is_empty() {
+            return;
+        }
+        let _one = self.busy.lock().await;
+        let inv = match source.discover() {
+            Ok(inv) => inv,
+            Err(e) => {
+                warn!(error = %e, "the node's GPUs are unreadable: leftover MIG instances are destroyed later");
+                return;
+            }
+        };
+        for (uid, _) in carving {
+            match (self.store.get(&uid), self.ledger.get(&uid)) {
+                (Ok(_), Ok(entries)) => self.destroy_carving(&inv, &uid, entries),
+                (Err(e), _) | (_, Err(e)) => {
+                    warn!(uid, error = %e, "a claim's record is unreadable: its MIG instances are kept")
                 }
-                Ok(None) => self.destroy_carving(inv, &uid, &entries),
-                Err(e) => warn!(uid, error = %e, "a claim's record is unreadable: its MIG instances are kept"),
             }
         }
     }
 
-    /// Destroys what the ledger's `entries` of claim `uid` (which holds none of them) made, and
-    /// forgets them once all are gone. An instance made but not noted (a crash in between) is
-    /// found in `inv` by its placement and profile, unless a recorded claim or another entry
-    /// holds it. Call with `busy` held.
-    fn destroy_carving(&self, inv: &NodeInventory, uid: &str, entries: &[dra::Carving]) {
+    /// Destroys what the ledger's `entries` of claim `uid` made, but instances a recorded claim
+    /// holds, and forgets each entry once its instance is gone or held. An instance made but
+    /// not noted (a crash in between) is found in `inv` by its placement and profile, unless a
+    /// recorded claim or another entry holds it or its card had it before. Call with `busy`
+    /// held.
+    fn destroy_carving(&self, inv: &NodeInventory, uid: &str, entries: Vec<dra::Carving>) {
         let Some(partitioner) = &self.partitioner else { return };
         let (records, _) = self.store.list();
         let (carving, _) = self.ledger.list();
@@ -180,36 +189,41 @@ impl Preparer {
                     .flat_map(|(_, c)| c.iter().filter_map(|c| c.made.as_ref().map(|m| m.uuid.clone()))),
             )
             .collect();
-        let mut all_gone = true;
+        let mut left = Vec::new();
         for entry in entries {
             let c = &entry.carve;
             let targets: Vec<(u32, String)> = match &entry.made {
+                Some(m) if held.contains(&m.uuid) => vec![],
                 Some(m) => vec![(m.gi, m.uuid.clone())],
                 None => inv
                     .gpu_by_uuid(&c.parent_uuid)
                     .into_iter()
                     .flat_map(|g| g.mig_devices.iter())
-                    .filter(|m| c.made(m) && !held.contains(&m.uuid))
+                    .filter(|m| c.made(m) && !held.contains(&m.uuid) && !entry.before.contains(&m.uuid))
                     .map(|m| (m.gi, m.uuid.clone()))
                     .collect(),
             };
+            let mut gone = true;
             for (gi, instance) in targets {
-                match partitioner.destroy(&c.parent_uuid, gi, &instance) {
-                    Ok(()) => info!(uid, instance, "MIG instance of an unfinished prepare destroyed"),
+                match partitioner.destroy(&c.parent_uuid, gi, &instance, c.profile_id, c.placement) {
+                    Ok(()) => info!(uid, instance, "MIG instance no claim holds destroyed"),
                     Err(e) => {
                         warn!(
                             uid,
                             instance,
                             error = e,
-                            "cannot destroy a MIG instance of an unfinished prepare; tried again at the next poll"
+                            "cannot destroy a MIG instance no claim holds; tried again at the next poll"
                         );
-                        all_gone = false;
+                        gone = false;
                     }
                 }
             }
+            if !gone {
+                left.push(entry);
+            }
         }
-        if all_gone {
-            let _ = self.ledger.remove(uid);
+        if let Err(e) = self.ledger.set(uid, &left) {
+            warn!(uid, error = %e, "cannot update the MIG carving record");
         }
     }
 
@@ -226,10 +240,11 @@ impl Preparer {
         })
     }
 
-    /// Waits until the node's CDI spec lists every MIG instance in `uuids`; the error names
+    /// Waits until the node's CDI spec lists every MIG instance in `uuids`, at most until
+    /// `since` (when the kubelet asked) and the wait the plugin was given; the error names
     /// those it does not.
-    pub async fn wait_for_cdi(&self, uuids: &[String]) -> Result<(), Vec<String>> {
-        let deadline = tokio::time::Instant::now() + self.cdi_wait;
+    pub async fn wait_for_cdi(&self, uuids: &[String], since: tokio::time::Instant) -> Result<(), Vec<String>> {
+        let deadline = since + self.cdi_wait;
         loop {
             let missing: Vec<String> = uuids.iter().filter(|u| !self.cdi_lists(u)).cloned().collect();
             if missing.is_empty() {
@@ -276,20 +291,46 @@ impl Preparer {
         let found = self.claims.get(&claim.namespace, &claim.name).await?;
         // A MIG instance the claim was allocated is created here, named in the ledger first:
         // a crash before the record leaves a ledger entry, and the instance is destroyed.
-        let mut carved = false;
+        let mut made: Vec<(Carve, MadeInstance)> = Vec::new();
         let partitioner = self.partitioner.clone();
         let planned = dra::prepare_with(&inv, &self.node, &claim.uid, &found, &mut |plan| {
             let p = partitioner
                 .as_ref()
                 .ok_or("this node's DRA plugin creates no MIG instances (it has neither NVML nor a fixture file)")?;
+            let card = inv.gpu_by_uuid(&plan.parent_uuid).ok_or("the card is gone")?;
+            // An allocation older than the card's instances (an operator made one there since
+            // the slice was read): refused before anything is written or made.
+            if let Some(m) = card
+                .mig_devices
+                .iter()
+                .find(|m| m.placement.is_none_or(|p| p.overlaps(&plan.placement)))
+            {
+                return Err(format!(
+                    "memory slices {}..{} of card {} are taken by MIG instance {} (gi {}); the claim waits until it goes",
+                    plan.placement.start,
+                    plan.placement.start + plan.placement.size,
+                    plan.parent_uuid,
+                    m.uuid,
+                    m.gi
+                ));
+            }
+            let before = card.mig_devices.iter().map(|m| m.uuid.clone()).collect();
             self.ledger
-                .add(&claim.uid, plan)
+                .add(&claim.uid, plan, before)
                 .map_err(|e| format!("recording it before creating it: {e}"))?;
-            let m = p.create(&plan.parent_uuid, plan.profile_id, plan.placement)?;
+            let m = match p.create(&plan.parent_uuid, plan.profile_id, plan.placement) {
+                Ok(m) => m,
+                Err(e) => {
+                    // Nothing was made: a create cleans up after itself (or says it could not;
+                    // a GPU instance without its compute instance is no MIG device to find).
+                    let _ = self.ledger.forget(&claim.uid, plan);
+                    return Err(e);
+                }
+            };
             info!(claim = key, instance = m.uuid, gi = m.gi, profile = %plan.profile, "MIG instance created");
-            carved = true;
+            made.push((plan.clone(), m.clone()));
             // Noted, so that an undo destroys exactly this instance (if this write fails, the
-            // poll finds it by its placement).
+            // undo has it from memory, the poll by its placement).
             if let Err(e) = self.ledger.made(&claim.uid, plan, &m) {
                 warn!(claim = key, instance = m.uuid, error = %e, "cannot note a made MIG instance");
             }
@@ -311,16 +352,25 @@ impl Preparer {
         let prepared = match recorded {
             Ok(p) => p,
             Err(e) => {
-                if let Ok(entries) = self.ledger.get(&claim.uid)
+                if let Ok(mut entries) = self.ledger.get(&claim.uid)
                     && !entries.is_empty()
                 {
-                    self.destroy_carving(&inv, &claim.uid, &entries);
+                    // What this prepare made, also where the ledger could not be told.
+                    for (carve, m) in &made {
+                        if let Some(entry) = entries.iter_mut().rev().find(|c| c.carve == *carve && c.made.is_none()) {
+                            entry.made = Some(m.clone());
+                        }
+                    }
+                    self.destroy_carving(&inv, &claim.uid, entries);
                 }
                 return Err(e);
             }
         };
-        if carved {
-            let _ = self.ledger.remove(&claim.uid);
+        // The record holds what this prepare made; an older attempt's leftovers go.
+        if let Ok(entries) = self.ledger.get(&claim.uid)
+            && !entries.is_empty()
+        {
+            self.destroy_carving(&inv, &claim.uid, entries);
         }
         info!(
             claim = key,
@@ -378,7 +428,11 @@ impl Preparer {
         let _one = self.busy.lock().await;
         // The instances created for it go first: while one cannot be destroyed the record
         // stays, and the kubelet asks again.
-        if let Ok(Some(record)) = self.store.get(uid) {
+        let record = self
+            .store
+            .get(uid)
+            .map_err(|e| format!("claim {uid}: its record cannot be read, so its MIG instances are kept: {e}"))?;
+        if let Some(record) = record {
             for d in &record.devices {
                 let (Some(c), AllocatedDevice::Mig { gi, uuid, .. }) = (&d.carved, &d.allocated) else {
                     continue;
@@ -386,7 +440,7 @@ impl Preparer {
                 let p = self.partitioner.as_ref().ok_or_else(|| {
                     format!("claim {uid}: cannot destroy MIG instance {uuid}: this node creates none")
                 })?;
-                p.destroy(&c.parent_uuid, *gi, uuid)
+                p.destroy(&c.parent_uuid, *gi, uuid, c.profile_id, c.placement)
                     .map_err(|e| format!("claim {uid}: destroying MIG instance {uuid}: {e}"))?;
                 info!(uid, instance = uuid, "MIG instance destroyed");
             }
@@ -465,6 +519,7 @@ impl DraPlugin for DraService {
         &self,
         request: Request<api::NodePrepareResourcesRequest>,
     ) -> Result<Response<api::NodePrepareResourcesResponse>, Status> {
+        let asked = tokio::time::Instant::now();
         let mut claims = std::collections::HashMap::new();
         let mut waiting: Vec<(String, Vec<String>)> = Vec::new();
         for c in request.into_inner().claims {
@@ -489,7 +544,7 @@ impl DraPlugin for DraService {
         // The instances made for the request's claims, waited for once, outside the lock: a
         // container gets one once the CDI generator lists it.
         let all: Vec<String> = waiting.iter().flat_map(|(_, u)| u.iter().cloned()).collect();
-        if let Err(missing) = self.0.wait_for_cdi(&all).await {
+        if let Err(missing) = self.0.wait_for_cdi(&all, asked).await {
             for (uid, instances) in waiting {
                 let late: Vec<&String> = instances.iter().filter(|u| missing.contains(u)).collect();
                 if late.is_empty() {

@@ -129,7 +129,7 @@ pub async fn run(
                 }
                 let inv = inventory_tx.borrow().clone();
                 let Some(inv) = inv else { continue };
-                preparer.clean_unfinished_carving(&inv).await;
+                preparer.clean_unfinished_carving(source.as_ref()).await;
                 if let Some(publisher) = slices.as_mut() {
                     let ours = preparer.carved();
                     let mut count = 0;

@@ -433,11 +433,18 @@ impl tessera_core::inventory::MigPartitioner for Instances {
         self.inner.create(parent_uuid, profile_id, placement)
     }
 
-    fn destroy(&self, parent_uuid: &str, gi: u32, uuid: &str) -> Result<(), String> {
+    fn destroy(
+        &self,
+        parent_uuid: &str,
+        gi: u32,
+        uuid: &str,
+        profile_id: u32,
+        placement: tessera_core::inventory::MigPlacement,
+    ) -> Result<(), String> {
         if self.refuse_destroy.load(std::sync::atomic::Ordering::Relaxed) {
             return Err("the card is busy".into());
         }
-        self.inner.destroy(parent_uuid, gi, uuid)
+        self.inner.destroy(parent_uuid, gi, uuid, profile_id, placement)
     }
 }
 
@@ -517,15 +524,21 @@ async fn dynamic_mig_creates_an_instance_per_claim_and_destroys_it_when_done() {
     assert_eq!(again["u-a"].error, "");
     assert_eq!(*parts.created.lock().unwrap(), 1);
 
-    // A placement that overlaps it (a stale allocation): refused by the card, nothing left.
+    // A placement that overlaps it (a stale allocation): refused, nothing asked of the card,
+    // nothing left.
     claims.set(allocated("b", "u-b", "gpu-0-mig-1g-5gb-at-5", &[]));
     let got = prepare(&mut client, &[claim_ref("b", "u-b")]).await;
-    assert!(got["u-b"].error.contains("overlaps"), "{}", got["u-b"].error);
+    assert!(
+        got["u-b"].error.contains("are taken by MIG instance"),
+        "{}",
+        got["u-b"].error
+    );
+    assert_eq!(*parts.created.lock().unwrap(), 1);
     assert_eq!(instances(&fixture).len(), 1);
     assert!(plugin.store().get("u-b").unwrap().is_none());
     assert!(dra::CarveLedger::new(&dir.path().join("state")).list().0.is_empty());
 
-    // Two instances of which the second cannot be made: the first is destroyed again.
+    // Two instances of which the card refuses the second: the first is destroyed again.
     let mut two = allocated("c", "u-c", "gpu-1-mig-4g-20gb-at-0", &[]);
     let results = two
         .status
@@ -555,6 +568,41 @@ async fn dynamic_mig_creates_an_instance_per_claim_and_destroys_it_when_done() {
     );
     assert!(dra::CarveLedger::new(&dir.path().join("state")).list().0.is_empty());
 
+    // An operator's instance where an (older) allocation points: refused before anything is
+    // written or made, and the operator's instance is left alone.
+    let inv = tessera_core::inventory::InventorySource::discover(&FixtureSource::new(&fixture)).unwrap();
+    let theirs = tessera_core::inventory::MigPartitioner::create(
+        &parts.inner,
+        &inv.gpus[1].uuid,
+        19,
+        tessera_core::inventory::MigPlacement { start: 6, size: 1 },
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    claims.set(allocated("d", "u-d", "gpu-1-mig-1g-5gb-at-6", &[]));
+    let got = prepare(&mut client, &[claim_ref("d", "u-d")]).await;
+    assert!(
+        got["u-d"].error.contains("are taken by MIG instance"),
+        "{}",
+        got["u-d"].error
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        instances(&fixture).iter().any(|(u, ..)| *u == theirs.uuid),
+        "the operator's instance stays"
+    );
+    assert!(dra::CarveLedger::new(&dir.path().join("state")).list().0.is_empty());
+    let inv = tessera_core::inventory::InventorySource::discover(&FixtureSource::new(&fixture)).unwrap();
+    tessera_core::inventory::MigPartitioner::destroy(
+        &parts.inner,
+        &inv.gpus[1].uuid,
+        theirs.gi,
+        &theirs.uuid,
+        19,
+        tessera_core::inventory::MigPlacement { start: 6, size: 1 },
+    )
+    .unwrap();
+
     // A crash between creating an instance and recording its claim: the ledger names it, and
     // the next plugin destroys it (a claim it recorded keeps its own).
     let ledger = dra::CarveLedger::new(&dir.path().join("state"));
@@ -562,13 +610,13 @@ async fn dynamic_mig_creates_an_instance_per_claim_and_destroys_it_when_done() {
     let gpu1 = FixtureSource::new(&fixture);
     let inv = tessera_core::inventory::InventorySource::discover(&gpu1).unwrap();
     let plan = dra::carve_of(&inv.gpus[1], "gpu-1-mig-7g-40gb-at-0").unwrap();
-    ledger.add("u-crash", &plan).unwrap();
+    ledger.add("u-crash", &plan, vec![]).unwrap();
     tessera_core::inventory::MigPartitioner::create(&parts.inner, &plan.parent_uuid, plan.profile_id, plan.placement)
         .unwrap();
     assert_eq!(instances(&fixture).len(), 2);
     // And an entry for the placement a recorded claim holds (a stale one): that instance stays.
     let held = dra::carve_of(&inv.gpus[0], "gpu-0-mig-3g-20gb-at-4").unwrap();
-    ledger.add("u-stale", &held).unwrap();
+    ledger.add("u-stale", &held, vec![]).unwrap();
     let plugin = Plugin::start_on(dir.path(), claims.clone(), &fixture, Some(parts.clone()));
     for _ in 0..100 {
         if instances(&fixture).len() == 1 {

@@ -85,7 +85,13 @@ pub struct CdiResolver {
 
 /// Reads one spec file, `None` when it is another vendor's.
 fn read_spec(path: &Path) -> Result<Option<CdiSpec>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        // Gone between listing and reading (a claim's marker unprepared, the spec of a node
+        // whose last MIG instance went): not a spec any more.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
     let yaml = matches!(path.extension().and_then(|x| x.to_str()), Some("yaml" | "yml"));
     let parsed = if yaml {
         serde_yaml::from_str::<serde_yaml::Value>(&text)

@@ -387,7 +387,8 @@ fn check_cdi(dirs: &[PathBuf], host_root: &Path) -> Finding {
             Level::Fail,
             what,
             format!(
-                "no usable {CDI_KIND} spec in {}: {e} (is tessera-cdi-generator running?)",
+                "no usable {CDI_KIND} spec in {}: {e} (is tessera-cdi-generator running? A node whose cards are in \
+                 MIG mode with no instance yet, dynamic MIG, has none until one is made)",
                 dirs.iter()
                     .map(|d| d.display().to_string())
                     .collect::<Vec<_>>()

@@ -205,6 +205,9 @@ pub fn carve_of(gpu: &Gpu, device: &str) -> Option<Carve> {
 pub struct Carving {
     /// What is being made.
     pub carve: Carve,
+    /// The MIG instances its card had before (none of them is this one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub before: Vec<String>,
     /// The instance, once made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub made: Option<MadeInstance>,
@@ -249,30 +252,43 @@ impl CarveLedger {
         }
     }
 
-    fn put(&self, uid: &str, all: &[Carving]) -> std::io::Result<()> {
+    /// Sets claim `uid`'s carving to `all` (none: forgets it).
+    pub fn set(&self, uid: &str, all: &[Carving]) -> std::io::Result<()> {
+        if all.is_empty() {
+            return self.remove(uid);
+        }
         let text = serde_json::to_vec_pretty(all).map_err(std::io::Error::other)?;
         super::write_atomic(&self.dir, &self.path(uid)?, &text, 0o700, 0o600)
     }
 
-    /// Adds `carve` to what is being carved for claim `uid` (before it is made).
-    pub fn add(&self, uid: &str, carve: &Carve) -> std::io::Result<()> {
+    /// Adds `carve` to what is being carved for claim `uid`, before it is made; `before` are
+    /// the instances its card has now.
+    pub fn add(&self, uid: &str, carve: &Carve, before: Vec<String>) -> std::io::Result<()> {
         let mut all = self.get(uid)?;
-        if !all.iter().any(|c| c.carve == *carve) {
-            all.push(Carving {
-                carve: carve.clone(),
-                made: None,
-            });
-        }
-        self.put(uid, &all)
+        all.push(Carving {
+            carve: carve.clone(),
+            before,
+            made: None,
+        });
+        self.set(uid, &all)
     }
 
-    /// Notes that `carve`, of claim `uid`, is instance `made`.
+    /// Notes that `carve`, of claim `uid`, is instance `made` (its latest entry not made yet).
     pub fn made(&self, uid: &str, carve: &Carve, made: &MadeInstance) -> std::io::Result<()> {
         let mut all = self.get(uid)?;
-        for c in all.iter_mut().filter(|c| c.carve == *carve) {
+        if let Some(c) = all.iter_mut().rev().find(|c| c.carve == *carve && c.made.is_none()) {
             c.made = Some(made.clone());
         }
-        self.put(uid, &all)
+        self.set(uid, &all)
+    }
+
+    /// Forgets `carve` of claim `uid`, which was not made (its latest entry not made yet).
+    pub fn forget(&self, uid: &str, carve: &Carve) -> std::io::Result<()> {
+        let mut all = self.get(uid)?;
+        if let Some(i) = all.iter().rposition(|c| c.carve == *carve && c.made.is_none()) {
+            all.remove(i);
+        }
+        self.set(uid, &all)
     }
 
     /// Forgets claim `uid`'s carving (no error when there is none).

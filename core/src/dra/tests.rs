@@ -647,19 +647,22 @@ fn the_carving_ledger_names_what_is_being_made() {
     let gpu = &inv("a100-dynamic-mig").gpus[0];
     let a = carve_of(gpu, "gpu-0-mig-1g-5gb-at-0").unwrap();
     let b = carve_of(gpu, "gpu-0-mig-1g-5gb-at-1").unwrap();
-    ledger.add("u-1", &a).unwrap();
-    ledger.add("u-1", &b).unwrap();
-    ledger.add("u-1", &a).unwrap();
+    ledger.add("u-1", &a, vec![]).unwrap();
+    ledger.add("u-1", &b, vec!["MIG-y".into()]).unwrap();
     let made = MadeInstance {
         gi: 1,
         ci: 0,
         uuid: "MIG-x".into(),
     };
     ledger.made("u-1", &b, &made).unwrap();
+    // A second attempt at `b` is an entry of its own; the one not made is forgotten.
+    ledger.add("u-1", &b, vec![]).unwrap();
+    ledger.forget("u-1", &b).unwrap();
     let got = ledger.get("u-1").unwrap();
     assert_eq!(got.iter().map(|c| &c.carve).collect::<Vec<_>>(), [&a, &b]);
     assert_eq!((got[0].made.as_ref(), got[1].made.as_ref()), (None, Some(&made)));
-    assert!(ledger.add("../x", &a).is_err());
+    assert_eq!(got[1].before, ["MIG-y"]);
+    assert!(ledger.add("../x", &a, vec![]).is_err());
     assert_eq!(ledger.list().0.len(), 1);
     ledger.remove("u-1").unwrap();
     ledger.remove("u-1").unwrap();

@@ -419,7 +419,8 @@ impl super::MigPartitioner for FixtureMigInstances {
         self.change(|f| f.create_mig_instance(parent_uuid, profile_id, placement))
     }
 
-    fn destroy(&self, parent_uuid: &str, gi: u32, uuid: &str) -> Result<(), String> {
+    fn destroy(&self, parent_uuid: &str, gi: u32, uuid: &str, _: u32, _: MigPlacement) -> Result<(), String> {
+        // A fixture's instance always has its compute instance: its UUID says which it is.
         self.change(|f| f.destroy_mig_instance(parent_uuid, gi, uuid).map(|_| ()))
     }
 }

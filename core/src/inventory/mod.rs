@@ -37,9 +37,17 @@ pub trait MigPartitioner: Send + Sync {
     fn create(&self, parent_uuid: &str, profile_id: u32, placement: MigPlacement) -> Result<MadeInstance, String>;
 
     /// Destroys GPU instance `gi` of card `parent_uuid` and its compute instances when it is
-    /// still MIG device `uuid` (done when it is gone already, or the id now names another
+    /// still MIG device `uuid`, or, having lost its compute instances, still of NVML profile
+    /// `profile_id` at `placement` (done when it is gone already, or the id now names another
     /// instance: ids are reused).
-    fn destroy(&self, parent_uuid: &str, gi: u32, uuid: &str) -> Result<(), String>;
+    fn destroy(
+        &self,
+        parent_uuid: &str,
+        gi: u32,
+        uuid: &str,
+        profile_id: u32,
+        placement: MigPlacement,
+    ) -> Result<(), String>;
 }
 
 /// A character device node.

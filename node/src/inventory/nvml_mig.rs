@@ -369,15 +369,38 @@ impl MigPartitioner for NvmlMig {
         })
     }
 
-    fn destroy(&self, parent_uuid: &str, gi: u32, uuid: &str) -> Result<(), String> {
+    fn destroy(
+        &self,
+        parent_uuid: &str,
+        gi: u32,
+        uuid: &str,
+        profile_id: u32,
+        placement: MigPlacement,
+    ) -> Result<(), String> {
         let device = self.device(parent_uuid)?;
         let Some(handle) = gpu_instance(&self.nvml, device, gi)? else {
             return Ok(());
         };
-        // The id may name a later instance: destroyed only as the one it was.
+        // The id may name a later instance: destroyed only as the one it was, by its MIG
+        // device's UUID, or, without a compute instance (a destroy cut short), by its profile
+        // and placement.
         match self.mig_uuid(parent_uuid, gi, None)? {
             Some(now) if now == uuid => {}
-            _ => return Ok(()),
+            Some(_) => return Ok(()),
+            None => {
+                let get_info = sym!(self.nvml, nvmlGpuInstanceGetInfo);
+                let mut info = MaybeUninit::<nvmlGpuInstanceInfo_t>::zeroed();
+                // SAFETY: `handle` is a live GPU instance; `info` is a valid out-pointer.
+                check("nvmlGpuInstanceGetInfo", unsafe { get_info(handle, info.as_mut_ptr()) })?;
+                // SAFETY: NVML filled it (rc 0).
+                let info = unsafe { info.assume_init() };
+                if info.profileId != profile_id
+                    || info.placement.start != placement.start
+                    || info.placement.size != placement.size
+                {
+                    return Ok(());
+                }
+            }
         }
         self.destroy_compute_instances(handle)?;
         let destroy_gi = sym!(self.nvml, nvmlGpuInstanceDestroy);
