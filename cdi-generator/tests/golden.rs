@@ -23,6 +23,18 @@ fn golden(name: &str) {
     assert_eq!(text, expected, "{name}: generated spec differs from {}", path.display());
 }
 
+/// The daemon's settings for a fixture node: CDI specs in `cdi_dir`, polled every `secs`.
+fn fixture_daemon(cdi_dir: std::path::PathBuf, secs: u64) -> DaemonConfig {
+    DaemonConfig {
+        cdi_dir,
+        spec: SpecOptions::default(),
+        interval: std::time::Duration::from_secs(secs),
+        node_name: None,
+        bundle: None,
+        check_host_paths: None,
+    }
+}
+
 #[test]
 fn golden_h100x8() {
     golden("h100x8");
@@ -116,14 +128,7 @@ fn mig_reconfiguration_replaces_the_mig_devices() {
         .unwrap()
         .1;
     std::fs::write(&fixture, original).unwrap();
-    let config = DaemonConfig {
-        cdi_dir: dir.path().join("cdi"),
-        spec: SpecOptions::default(),
-        interval: std::time::Duration::from_secs(1),
-        node_name: None,
-        bundle: None,
-        check_host_paths: None,
-    };
+    let config = fixture_daemon(dir.path().join("cdi"), 1);
     let source = FixtureSource::new(&fixture);
     let mut g = Generator::default();
     let (first, _) = g.step(&source, &config).unwrap();
@@ -209,14 +214,7 @@ async fn a_change_in_the_cdi_directory_reads_the_cards_again() {
     std::fs::write(&fixture, f.to_yaml()).unwrap();
     let cdi = dir.path().join("cdi");
     std::fs::create_dir_all(&cdi).unwrap();
-    let config = DaemonConfig {
-        cdi_dir: cdi.clone(),
-        spec: SpecOptions::default(),
-        interval: std::time::Duration::from_secs(3600),
-        node_name: None,
-        bundle: None,
-        check_host_paths: None,
-    };
+    let config = fixture_daemon(cdi.clone(), 3600);
     let lists = |uuid: &str| {
         std::fs::read_to_string(cdi.join(SPEC_FILE)).is_ok_and(|t| t.contains(&format!("\"name\": \"{uuid}\"")))
     };
@@ -256,14 +254,7 @@ fn the_spec_goes_with_the_last_mig_instance() {
     let at = tessera_core::inventory::MigPlacement { start: 0, size: 8 };
     let made = f.create_mig_instance(card, 0, at).unwrap();
     std::fs::write(&fixture, f.to_yaml()).unwrap();
-    let config = DaemonConfig {
-        cdi_dir: dir.path().join("cdi"),
-        spec: SpecOptions::default(),
-        interval: std::time::Duration::from_secs(1),
-        node_name: None,
-        bundle: None,
-        check_host_paths: None,
-    };
+    let config = fixture_daemon(dir.path().join("cdi"), 1);
     let source = FixtureSource::new(&fixture);
     let mut g = Generator::default();
     let spec_file = dir.path().join("cdi").join(SPEC_FILE);

@@ -1154,19 +1154,14 @@ spec:
 
 /// A ResourceClaim for one MIG instance of profile `profile` on card 0.
 fn mig_claim(name: &str, profile: &str) -> String {
-    format!(
-        r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {{name: {name}, namespace: default}}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: mig.gpu.tessera.io
-        selectors:
+    resource_claim(
+        name,
+        "mig.gpu.tessera.io",
+        &format!(
+            r#"        selectors:
         - cel: {{expression: 'device.attributes["gpu.tessera.io"].profile == "{profile}" && device.attributes["gpu.tessera.io"].index == 0'}}
 "#
+        ),
     )
 }
 
@@ -1344,6 +1339,16 @@ spec:
 
 /// A ResourceClaim of `gpu.tessera.io` asking `cores` percent and `memory` of one card.
 fn share_claim(name: &str, cores: u32, memory: &str) -> String {
+    resource_claim(
+        name,
+        "gpu.tessera.io",
+        &format!("        capacity:\n          requests: {{cores: \"{cores}\", memory: \"{memory}\"}}\n"),
+    )
+}
+
+/// A ResourceClaim in `default` with one request of class `class`, `exactly` ending with
+/// `more` (lines indented under it).
+fn resource_claim(name: &str, class: &str, more: &str) -> String {
     format!(
         r#"apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -1353,10 +1358,8 @@ spec:
     requests:
     - name: gpu
       exactly:
-        deviceClassName: gpu.tessera.io
-        capacity:
-          requests: {{cores: "{cores}", memory: "{memory}"}}
-"#
+        deviceClassName: {class}
+{more}"#
     )
 }
 
