@@ -377,15 +377,6 @@ pub const DEVICES_PER_SLICE: usize = 64;
 /// Counter sets per slice (the API's limit).
 pub const COUNTER_SETS_PER_SLICE: usize = 8;
 
-/// Node `node`'s ResourceSlice: one pool named after the node, at `generation`.
-pub fn slice(node: &str, generation: i64, devices: Vec<resource::Device>) -> resource::ResourceSlice {
-    let published = Published {
-        devices,
-        counter_sets: vec![],
-    };
-    slices(node, generation, &published).remove(0)
-}
-
 /// Node `node`'s ResourceSlices, all of one pool named after the node at `generation`: the
 /// counter sets [`COUNTER_SETS_PER_SLICE`] at a time (`-counters-0`, ...), then the devices
 /// [`DEVICES_PER_SLICE`] at a time (the first slice named [`slice_name`], the others with
