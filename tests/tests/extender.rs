@@ -1546,8 +1546,16 @@ async fn listeners_drop_slow_clients_and_bound_connections() -> anyhow::Result<(
             }
         }
     }
-    // Plain HTTP: headers trickled, never finished.
+    // Plain HTTP: a client that connects and sends nothing.
     let plain = start(None).await?;
+    let mut mute = tokio::net::TcpStream::connect(plain.addr).await?;
+    let t = Instant::now();
+    assert!(
+        closed_within(&mut mute, Duration::from_secs(5)).await,
+        "a client that sent no byte was kept"
+    );
+    assert!(t.elapsed() >= Duration::from_millis(300), "{:?}", t.elapsed());
+    // Headers trickled, never finished.
     let mut slow = tokio::net::TcpStream::connect(plain.addr).await?;
     slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await?;
     let t = Instant::now();
@@ -1592,7 +1600,84 @@ async fn listeners_drop_slow_clients_and_bound_connections() -> anyhow::Result<(
         "a silent TLS client was kept"
     );
     assert!(t.elapsed() >= Duration::from_millis(300), "{:?}", t.elapsed());
+    // TLS: handshakes completed, then silence, on every slot (any pod can reach the webhook's
+    // port): each is dropped after the header timeout and a real request is answered.
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(
+        rustls::ClientConfig::builder()
+            .dangerous()
+            .with_custom_certificate_verifier(std::sync::Arc::new(AnyServer))
+            .with_no_client_auth(),
+    ));
+    let mut quiet = Vec::new();
+    for _ in 0..2 {
+        let tcp = tokio::net::TcpStream::connect(tls.addr).await?;
+        quiet.push(connector.connect("localhost".try_into()?, tcp).await?);
+    }
+    let t = Instant::now();
+    let tcp = tokio::net::TcpStream::connect(tls.addr).await?;
+    let mut good = connector.connect("localhost".try_into()?, tcp).await?;
+    good.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), good.read_to_string(&mut answer))
+        .await
+        .map_err(|_| anyhow::anyhow!("a request behind two silent TLS clients was never answered"))??;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "answered beside two busy slots: {:?}",
+        t.elapsed()
+    );
+    for mut q in quiet {
+        let mut buf = [0u8; 64];
+        let ended = tokio::time::timeout(Duration::from_secs(5), q.read(&mut buf)).await;
+        assert!(
+            matches!(ended, Ok(Ok(0)) | Ok(Err(_))),
+            "a silent TLS client was kept: {ended:?}"
+        );
+    }
     Ok(())
+}
+
+/// Trusts any server certificate (the listener test's self-signed one).
+#[derive(Debug)]
+struct AnyServer;
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
 }
 
 /// Rotation without restarting the extender: it reads its keys again when their directory

@@ -64,8 +64,9 @@ pub fn acceptor_from_pem(cert: &[u8], key: &[u8], client_ca: Option<&[u8]>) -> a
 }
 
 /// What one listener takes: a connection gets `handshake` to finish TLS and `header_read` to
-/// send a request's headers (a client that trickles them is dropped), and at most
-/// `connections` are served at once (the next waits to be accepted).
+/// send a request's headers, counted from when the server starts reading (a client that sends
+/// nothing, or trickles them, is dropped), and at most `connections` are served at once (the
+/// next waits to be accepted).
 #[derive(Debug, Clone, Copy)]
 pub struct ListenerLimits {
     /// Time for the TLS handshake.
@@ -117,7 +118,11 @@ pub async fn serve(
         let app = app.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let mut http = auto::Builder::new(TokioExecutor::new());
+            // HTTP/1.1 only (what kube-scheduler and the API server speak here, no ALPN): the
+            // header timer then runs from the connection's first read. With HTTP/2 allowed, the
+            // builder first waited for bytes to tell the versions apart, with no timer, and 64
+            // clients that sent nothing held every slot.
+            let mut http = auto::Builder::new(TokioExecutor::new()).http1_only();
             http.http1()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(limits.header_read);
