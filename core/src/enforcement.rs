@@ -206,11 +206,8 @@ impl MpsLayout {
 
     /// Writes a card's wanted ceiling atomically.
     pub fn write_ceiling(&self, uuid: &str, ceiling: &MpsCeiling) -> std::io::Result<()> {
-        let path = self.ceiling_file(uuid);
-        std::fs::create_dir_all(self.card_dir(uuid))?;
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec(ceiling).expect("ceiling serializes"))?;
-        std::fs::rename(tmp, path)
+        let text = serde_json::to_vec(ceiling).expect("ceiling serializes");
+        crate::files::write_atomic(&self.card_dir(uuid), &self.ceiling_file(uuid), &text, 0o755, 0o644)
     }
 
     /// Reads a card's daemon state.
@@ -223,10 +220,8 @@ impl MpsLayout {
 
     /// Writes a card's daemon state atomically.
     pub fn write_state(&self, uuid: &str, state: &MpsState) -> std::io::Result<()> {
-        let path = self.state_file(uuid);
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec(state).expect("state serializes"))?;
-        std::fs::rename(tmp, path)
+        let text = serde_json::to_vec(state).expect("state serializes");
+        crate::files::write_atomic(&self.card_dir(uuid), &self.state_file(uuid), &text, 0o755, 0o644)
     }
 
     /// Whether the card's daemon can take a share now: ready, and checked within
@@ -265,7 +260,7 @@ pub const DEFAULT_HOOK_ROOT: &str = "/run/tessera/hook";
 pub const HOOK_LIBRARY_IN_CONTAINER: &str = "/usr/local/tessera/lib/libtessera-cuda-hook.so";
 /// The container's hook configuration (read-only), where the library looks for it.
 pub const HOOK_CONFIG_IN_CONTAINER: &str = "/run/tessera/hook/config";
-/// The container's shared accounting directory (writable).
+/// The container's shared accounting directory (a tmpfs of its own, writable by every user).
 pub const HOOK_STATE_IN_CONTAINER: &str = "/run/tessera/hook/state";
 /// The container's own agent directory (read-only): the socket through which the node agent
 /// tells each of the container's processes its host pid (NVML names processes by host pid).
@@ -357,39 +352,22 @@ impl HookLayout {
         }
     }
 
-    /// Writes a container's configuration (what the library enforces), creates its state and
-    /// agent directories; returns their host paths. Nothing is shared with another container.
+    /// Writes a container's configuration (what the library enforces) and creates its agent
+    /// directory; returns their host paths. Nothing is shared with another container. The
+    /// accounting its processes share is no host file: the container gets a small tmpfs of its
+    /// own at [`HOOK_STATE_IN_CONTAINER`] ([`HOOK_STATE_TMPFS_KIB`]), which a tenant can fill
+    /// without touching the host's `/run`.
     pub fn prepare(&self, container_id: &str, limits: &ShareLimits) -> std::io::Result<HookFiles> {
         let dir = self.container_dir(container_id);
         let agent = self.agent_dir(container_id);
         std::fs::create_dir_all(&agent)?;
-        let state = dir.join("state");
-        std::fs::create_dir_all(&state)?;
-        {
-            use std::os::unix::fs::PermissionsExt as _;
-            // Every process of the container, whatever its user, shares the accounting: the
-            // file is made here, open to all, so the container's first process (under any
-            // umask) does not make it for its own user alone.
-            std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o1777))?;
-            let memory = state.join(HOOK_ACCOUNTING_FILE);
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&memory)?;
-            std::fs::set_permissions(&memory, std::fs::Permissions::from_mode(0o666))?;
-        }
         let config = dir.join("config");
-        let tmp = dir.join("config.tmp");
-        std::fs::write(
-            &tmp,
-            format!(
-                "# written by tessera-nri-plugin for this container\nuuid={}\nmemory_limit_mib={}\ncore_limit={}\nstate_dir={HOOK_STATE_IN_CONTAINER}\npid_socket={HOOK_AGENT_IN_CONTAINER}/{HOOK_PID_SOCKET}\n",
-                limits.uuid, limits.memory_mib, limits.core_limit
-            ),
-        )?;
-        std::fs::rename(&tmp, &config)?;
-        Ok(HookFiles { config, state, agent })
+        let text = format!(
+            "# written by tessera-nri-plugin for this container\nuuid={}\nmemory_limit_mib={}\ncore_limit={}\nstate_dir={HOOK_STATE_IN_CONTAINER}\npid_socket={HOOK_AGENT_IN_CONTAINER}/{HOOK_PID_SOCKET}\n",
+            limits.uuid, limits.memory_mib, limits.core_limit
+        );
+        crate::files::write_atomic(&dir, &config, text.as_bytes(), 0o755, 0o644)?;
+        Ok(HookFiles { config, agent })
     }
 }
 
@@ -398,14 +376,16 @@ impl HookLayout {
 pub struct HookFiles {
     /// The configuration (read-only).
     pub config: PathBuf,
-    /// The container's accounting directory (writable).
-    pub state: PathBuf,
     /// The container's agent directory (read-only; the node agent serves its socket).
     pub agent: PathBuf,
 }
 
+/// Size of a hooked container's accounting tmpfs: the accounting file is 4 KiB.
+pub const HOOK_STATE_TMPFS_KIB: u64 = 256;
+
 /// What a share container is held to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ShareLimits {
     /// The card.
     pub uuid: String,
@@ -590,7 +570,7 @@ mod tests {
         let b = l.prepare("b", &limits("GPU-1", 50)).unwrap();
         let c = l.prepare("c", &limits("GPU-2", 30)).unwrap();
         for (x, y) in [(&a, &b), (&a, &c)] {
-            assert!(x.config != y.config && x.state != y.state && x.agent != y.agent);
+            assert!(x.config != y.config && x.agent != y.agent);
         }
         assert!(a.agent.is_dir() && a.agent.starts_with(l.container_dir("a")));
         let text = std::fs::read_to_string(&b.config).unwrap();

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
-use crate::dra::{ClaimStore, DraError};
+use crate::dra::{ClaimStore, DraError, Mark, PreparedClaim};
 use crate::enforcement::{ShareEnforcement, ShareLimits};
 use crate::handoff::{AllocatedDevice, Allocation, HandoffError, VerifyingKeys};
 use crate::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, CDI_KIND};
@@ -46,8 +46,9 @@ pub struct Grant {
     pub share: Option<ShareLimits>,
     /// The container's devices, as the allocation gives them.
     pub devices: Vec<AllocatedDevice>,
-    /// The DRA claims (uids) the devices come from (empty for a signed allocation).
-    pub claims: Vec<String>,
+    /// The DRA claims (uids) the devices come from, each with the UUIDs it gives (empty for a
+    /// signed allocation).
+    pub claims: BTreeMap<String, Vec<String>>,
 }
 
 /// Why a container that asked for Tessera resources must not be created.
@@ -160,29 +161,100 @@ pub fn decide(
 }
 
 /// Decides what a container that names DRA claims gets (the markers the DRA plugin hands the
-/// kubelet, found in its environment): the claims' devices from the node's records, each of
-/// the pod's namespace, held as any share is. A container that also asks for Tessera's
-/// extended resources is refused: one way to get GPUs per container.
+/// kubelet, found in its environment): the devices of the requests it was handed, from the
+/// node's records, of claims of the pod's namespace reserved for the pod (`reserved`, see
+/// [`crate::dra::devices_for`]), held as any share is. A container that also asks for
+/// Tessera's extended resources is refused: one way to get GPUs per container.
 pub fn decide_claims(
     ctx: &NodeContext<'_>,
     store: &ClaimStore,
     namespace: &str,
     container: &str,
     container_annotations: &BTreeMap<String, String>,
-    marks: &[(String, String)],
+    marks: &[Mark],
+    reserved: &dyn Fn(&PreparedClaim) -> bool,
 ) -> Result<Injection, InjectionError> {
     if !kubelet_amounts(container_annotations).is_empty() {
         return Err(InjectionError::ClaimsAndResources {
             container: container.into(),
         });
     }
-    let claimed = crate::dra::devices_for(store, namespace, marks).map_err(|source| InjectionError::Claim {
-        container: container.into(),
-        source: Box::new(source),
-    })?;
+    let claimed =
+        crate::dra::devices_for(store, namespace, marks, reserved).map_err(|source| InjectionError::Claim {
+            container: container.into(),
+            source: Box::new(source),
+        })?;
     let mut g = grant(ctx, container, &claimed.devices, None)?;
     g.claims = claimed.claims;
     Ok(Injection::Grant(g))
+}
+
+/// The share `devices` hold, with its compute limit raised to `core_limit` (the pod's
+/// `tessera.io/core-limit`) when above the guarantee: what its enforcement holds it to.
+pub fn share_limits(devices: &[AllocatedDevice], core_limit: Option<u32>) -> Option<ShareLimits> {
+    devices.iter().find_map(|d| match d {
+        AllocatedDevice::Gpu {
+            uuid,
+            core_percent,
+            memory_mib,
+            exclusive: false,
+            ..
+        } => Some(ShareLimits {
+            uuid: uuid.clone(),
+            core_limit: core_limit.unwrap_or(*core_percent).max(*core_percent),
+            memory_mib: *memory_mib,
+        }),
+        _ => None,
+    })
+}
+
+/// What a live container holds: its devices, its share's limits, and each DRA claim's UUIDs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Regrant {
+    /// The devices.
+    pub devices: Vec<AllocatedDevice>,
+    /// The share's limits, when it holds a share.
+    pub share: Option<ShareLimits>,
+    /// Each DRA claim it holds devices through, with their UUIDs.
+    pub claims: BTreeMap<String, Vec<String>>,
+}
+
+/// What a live container was granted, from the same sources as at its creation and never from
+/// its environment: its pod's verified allocation (`pod_annotations`), or the node's DRA
+/// records for the markers `marks` it carries. `None` when neither gives it devices. For a
+/// container found running after a restart, whose grant record is gone.
+pub fn regrant(
+    ctx: &NodeContext<'_>,
+    store: &ClaimStore,
+    pod: (&str, &str),
+    pod_annotations: &BTreeMap<String, String>,
+    container: &str,
+    marks: &[Mark],
+) -> Option<Regrant> {
+    let (pod_uid, namespace) = pod;
+    if !marks.is_empty() {
+        let claimed = crate::dra::devices_for(store, namespace, marks, &|_| true).ok()?;
+        return Some(Regrant {
+            share: share_limits(&claimed.devices, None),
+            devices: claimed.devices,
+            claims: claimed.claims,
+        });
+    }
+    let allocation = ctx
+        .keys
+        .verify(
+            pod_annotations.get(ANNOTATION_ALLOCATION).map(String::as_str),
+            pod_annotations.get(ANNOTATION_ALLOCATION_SIGNATURE).map(String::as_str),
+            ctx.node,
+            pod_uid,
+        )
+        .ok()?;
+    let devices = allocation.container(container)?.devices.clone();
+    Some(Regrant {
+        share: share_limits(&devices, allocation.core_limit),
+        devices,
+        claims: BTreeMap::new(),
+    })
 }
 
 /// What `devices` give container `container`: CDI devices, the environment that names them,

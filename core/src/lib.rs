@@ -8,6 +8,8 @@ pub mod cdi;
 pub mod dra;
 pub mod driver;
 pub mod enforcement;
+pub mod files;
+pub mod granted;
 pub mod handoff;
 pub mod injection;
 pub mod inventory;

@@ -42,6 +42,10 @@ struct Cli {
     /// Host directory of the NVIDIA driver (default: detected).
     #[arg(long)]
     driver_root: Option<PathBuf>,
+    /// Where the NRI plugin records what each live container was granted (read to keep a card
+    /// held while a container uses it).
+    #[arg(long, env = "TESSERA_GRANTS_DIR", default_value = tessera_core::granted::DEFAULT_GRANTS_DIR)]
+    grants_dir: PathBuf,
     /// How often the node's GPUs are read, seconds.
     #[arg(long, default_value_t = 30)]
     poll_secs: u64,
@@ -65,10 +69,10 @@ async fn main() -> anyhow::Result<()> {
     }
     // Dynamic MIG creates instances through NVML, or in a fixture file (a built-in fixture
     // cannot change).
-    let (source, partitioner): (Box<dyn InventorySource + Send + Sync>, Option<Arc<dyn MigPartitioner>>) =
+    let (source, partitioner): (Arc<dyn InventorySource + Send + Sync>, Option<Arc<dyn MigPartitioner>>) =
         match &cli.fixture {
             Some(f) => (
-                Box::new(FixtureSource::readable(f).map_err(|e| anyhow::anyhow!("--fixture {}: {e}", f.display()))?),
+                Arc::new(FixtureSource::readable(f).map_err(|e| anyhow::anyhow!("--fixture {}: {e}", f.display()))?),
                 f.is_file()
                     .then(|| Arc::new(FixtureMigInstances::new(f)) as Arc<dyn MigPartitioner>),
             ),
@@ -85,7 +89,7 @@ async fn main() -> anyhow::Result<()> {
                         None
                     }
                 };
-                (Box::new(nvml), partitioner)
+                (Arc::new(nvml), partitioner)
             }
         };
     let client = kube::Client::try_default()
@@ -102,6 +106,7 @@ async fn main() -> anyhow::Result<()> {
         poll: Duration::from_secs(cli.poll_secs.max(1)),
         partitioner,
         cdi_wait: tessera_dra_plugin::driver::CDI_WAIT,
+        grants_dir: cli.grants_dir,
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     service::run(config, source, Arc::new(ApiClaims(client)), Some(slices), async move {

@@ -44,6 +44,9 @@ pub struct Config {
     /// How long a prepare waits for the node's CDI spec to list an instance it created
     /// ([`crate::driver::CDI_WAIT`]).
     pub cdi_wait: Duration,
+    /// The NRI plugin's records of what live containers were granted
+    /// ([`tessera_core::granted::DEFAULT_GRANTS_DIR`]).
+    pub grants_dir: PathBuf,
 }
 
 fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
@@ -61,7 +64,7 @@ fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
 /// `None` where no API server is reachable (tests of the kubelet side only).
 pub async fn run(
     config: Config,
-    source: Box<dyn InventorySource + Send + Sync>,
+    source: Arc<dyn InventorySource + Send + Sync>,
     claims: Arc<dyn ClaimSource>,
     mut slices: Option<SlicePublisher>,
     shutdown: impl std::future::Future<Output = ()>,
@@ -79,11 +82,15 @@ pub async fn run(
         ClaimStore::new(&config.state_dir),
         config.cdi_dir.clone(),
         claims,
-    );
+    )
+    .reading_grants_from(tessera_core::granted::GrantStore::new(&config.grants_dir));
     if let Some(p) = config.partitioner.clone() {
-        preparer = preparer.creating_instances(p, config.cdi_wait);
+        preparer = preparer
+            .creating_instances(p, config.cdi_wait)
+            .discovering_with(source.clone());
     }
     let preparer = Arc::new(preparer);
+    preparer.set_aside_unreadable_records();
     preparer.clean_orphan_markers();
     // The DRA socket is served before the kubelet hears of it.
     let dra_socket = config.plugin_dir.join(DRA_SOCKET);
@@ -127,6 +134,7 @@ pub async fn run(
                     }
                     Err(e) => warn!(error = %e, "the node's GPUs are unreadable; keeping the last reading"),
                 }
+                preparer.set_aside_unreadable_records();
                 let inv = inventory_tx.borrow().clone();
                 let Some(inv) = inv else { continue };
                 preparer.clean_unfinished_carving(source.as_ref()).await;

@@ -122,11 +122,12 @@ impl Plugin {
             poll: Duration::from_millis(100),
             partitioner,
             cdi_wait: Duration::from_secs(5),
+            grants_dir: dirs.join("grants"),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(service::run(
             config,
-            Box::new(FixtureSource::new(fixture)),
+            Arc::new(FixtureSource::new(fixture)),
             claims,
             None,
             async move {
@@ -279,7 +280,7 @@ async fn registers_prepares_once_across_a_restart_and_unprepares_what_it_prepare
         ),
         (NODE, "gpu-0", vec!["gpu".to_string()], Some("share-u-share"))
     );
-    assert_eq!(d.cdi_device_ids, ["tessera.io/claim=u-share"]);
+    assert_eq!(d.cdi_device_ids, ["tessera.io/claim=u-share_gpu"]);
     assert!(
         got["u-bad"]
             .error
@@ -301,8 +302,8 @@ async fn registers_prepares_once_across_a_restart_and_unprepares_what_it_prepare
     ));
     let marker: tessera_core::cdi::CdiSpec =
         serde_json::from_slice(&std::fs::read(plugin.cdi().join("tessera.io-claim-u-share.json")).unwrap()).unwrap();
-    assert_eq!(marker, dra::marker_spec("u-share", &record.token));
-    assert_eq!(record.token.len(), 32);
+    assert_eq!(marker, dra::marker_spec(&record));
+    assert_eq!(record.markers["gpu"].len(), 32);
     assert!(plugin.store().get("u-bad").unwrap().is_none());
     assert!(!plugin.cdi().join("tessera.io-claim-u-bad.json").exists());
 
@@ -402,15 +403,80 @@ async fn a_cards_shares_are_prepared_for_one_tenant() {
         "a refused claim was recorded"
     );
     assert_eq!((got["u-a2"].error.as_str(), got["u-b2"].error.as_str()), ("", ""));
-    // A record that cannot be read may be another tenant's: a new share is refused.
+    // One record that cannot be read no longer stands in every other claim's way: it is set
+    // aside at the next poll, and the next share is prepared.
     std::fs::write(plugin.store().dir().join("u-broken.json"), "{").unwrap();
     claims.set(allocated("a3", "u-a3", "gpu-0", &share));
     let got = prepare(&mut client, &[claim_ref("a3", "u-a3")]).await;
-    assert!(
-        got["u-a3"].error.contains("cannot all be read"),
-        "{}",
-        got["u-a3"].error
-    );
+    assert_eq!(got["u-a3"].error, "");
+    let aside = plugin.store().dir().join("unreadable/u-broken.json");
+    for _ in 0..100 {
+        if aside.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(aside.exists() && !plugin.store().dir().join("u-broken.json").exists());
+    plugin.stop().await;
+}
+
+/// A card stays held while a live container uses it, as the NRI plugin's grant records say,
+/// also when the container's claim is gone (unprepared and deallocated while the container
+/// still ran): a whole-card claim on it, or another tenant's share, waits at prepare, naming
+/// the container, and is prepared once the container is gone. Before, only claim records
+/// counted and the card was prepared for the next claim at once.
+#[tokio::test]
+async fn a_card_a_live_container_uses_is_prepared_for_no_one_else() {
+    use tessera_core::granted::{GrantStore, Granted};
+    let dir = tempfile::tempdir().unwrap();
+    let claims = Arc::new(FakeClaims::default());
+    let plugin = Plugin::start(dir.path(), claims.clone());
+    let inv = tessera_core::inventory::InventorySource::discover(&FixtureSource::new("t4x2")).unwrap();
+    let grants = GrantStore::new(dir.path().join("grants"));
+    let live = Granted {
+        namespace: "team-b".into(),
+        pod: "trainer".into(),
+        pod_uid: "uid-trainer".into(),
+        container: "main".into(),
+        devices: vec![AllocatedDevice::whole(&inv.gpus[0])],
+        claims: [("u-gone".to_string(), vec![inv.gpus[0].uuid.clone()])].into(),
+        ..Default::default()
+    };
+    grants.put("ctr-1", &live).unwrap();
+    claims.set(allocated("whole", "u-whole", "gpu-0", &[]));
+    claims.set(allocated(
+        "share",
+        "u-share",
+        "gpu-0",
+        &[("cores", "30"), ("memory", "4Gi")],
+    ));
+    let mut client = DraPluginClient::new(channel(dir.path().join("plugins/gpu.tessera.io/dra.sock")).await);
+    let mut got = HashMap::new();
+    for _ in 0..50 {
+        got = prepare(
+            &mut client,
+            &[claim_ref("whole", "u-whole"), claim_ref("share", "u-share")],
+        )
+        .await;
+        if !got["u-whole"].error.contains("not read yet") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for uid in ["u-whole", "u-share"] {
+        assert!(
+            got[uid]
+                .error
+                .contains("in use by container main of pod team-b/trainer"),
+            "{uid}: {}",
+            got[uid].error
+        );
+        assert!(plugin.store().get(uid).unwrap().is_none());
+    }
+    // The container is gone (the NRI plugin removed its record): the card is prepared.
+    grants.remove("ctr-1").unwrap();
+    let got = prepare(&mut client, &[claim_ref("whole", "u-whole")]).await;
+    assert_eq!(got["u-whole"].error, "");
     plugin.stop().await;
 }
 
@@ -631,8 +697,53 @@ async fn dynamic_mig_creates_an_instance_per_claim_and_destroys_it_when_done() {
     );
     assert!(ledger.list().0.is_empty());
 
+    // The card loses the instance (a reboot, a GPU reset) but the record stays: the kubelet's
+    // prepare after the restart makes it again at its placement, records it, and answers once
+    // the CDI spec lists it. Before, the prepare answered from the record and the container
+    // waited for an instance that was gone.
+    let lost = plugin.store().get("u-a").unwrap().unwrap();
+    let AllocatedDevice::Mig {
+        uuid: old_uuid,
+        gi: old_gi,
+        ..
+    } = lost.devices[0].allocated.clone()
+    else {
+        panic!("not a MIG device: {lost:?}");
+    };
+    let plan = lost.devices[0].carved.clone().unwrap();
+    tessera_core::inventory::MigPartitioner::destroy(
+        &parts.inner,
+        &plan.parent_uuid,
+        old_gi,
+        &old_uuid,
+        plan.profile_id,
+        plan.placement,
+    )
+    .unwrap();
+    assert!(instances(&fixture).is_empty());
+    let spec = dir.path().join("cdi/tessera.io-gpu.json");
+    for _ in 0..100 {
+        if !std::fs::read_to_string(&spec).unwrap_or_default().contains(&old_uuid) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut client = DraPluginClient::new(channel(endpoint.clone()).await);
+    let got = prepare(&mut client, &[claim_ref("a", "u-a")]).await;
+    assert_eq!(got["u-a"].error, "");
+    let now = instances(&fixture);
+    assert_eq!(now.len(), 1);
+    assert_eq!(now[0].2, 4, "made again at its placement");
+    let record = plugin.store().get("u-a").unwrap().unwrap();
+    assert!(
+        matches!(&record.devices[0].allocated, AllocatedDevice::Mig { uuid, .. } if *uuid == now[0].0),
+        "the record names the new instance: {record:?}"
+    );
+    assert!(ledger.list().0.is_empty());
+    let made = now;
+
     // Unprepared: the instance goes with the record; while it cannot go, the record stays.
-    let mut client = DraPluginClient::new(channel(endpoint).await);
+    let _ = &made;
     let unprepare = |uid: &str| api::NodeUnprepareResourcesRequest {
         claims: vec![claim_ref("a", uid)],
     };

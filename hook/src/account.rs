@@ -61,19 +61,41 @@ fn alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
+/// Opens the container's accounting file, making it first when there is none: every process
+/// of the container, whatever its user, must be able to open it (a process that cannot is
+/// refused GPU memory), so it is made whole and open to all under a name of its own, then
+/// linked into place; a process that loses that race opens the winner's.
+fn open_shared(dir: &Path, path: &Path, pid: u32) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let open = || OpenOptions::new().read(true).write(true).open(path);
+    match open() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        other => return other,
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = dir.join(format!(".memory.{pid}.{nanos}"));
+    let made = OpenOptions::new().read(true).write(true).create_new(true).open(&tmp)?;
+    // The umask does not apply to an explicit change of mode.
+    made.set_permissions(std::fs::Permissions::from_mode(0o666))?;
+    made.set_len(std::mem::size_of::<Region>() as u64)?;
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(made),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => open(),
+        Err(e) => Err(e),
+    }
+}
+
 impl Accounting {
     /// Maps `dir/memory` (creating it) and takes a slot for process `pid`.
     pub fn open(dir: &Path, limit: u64, pid: u32) -> Result<Self, AccountError> {
         let err = |what: &str, e: std::io::Error| AccountError(format!("{what} {}: {e}", dir.display()));
         std::fs::create_dir_all(dir).map_err(|e| err("creating", e))?;
         let path = dir.join("memory");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| err("opening the accounting in", e))?;
+        let file = open_shared(dir, &path, pid).map_err(|e| err("opening the accounting in", e))?;
         let size = std::mem::size_of::<Region>();
         // Growing a fresh file zero-fills it: all zero is a valid, empty region.
         if file.metadata().map(|m| m.len()).unwrap_or(0) < size as u64 {

@@ -276,15 +276,16 @@ fn two_containers_on_one_card_each_get_their_own_share() {
     );
 }
 
-/// Every process of a container is held to its share whatever its user: the NRI plugin makes
-/// the accounting open to all before the container starts (the container's first process, under
-/// its umask, used to make it for its own user, and another user's process then allocated
-/// unlimited). And a limit whose accounting cannot be opened refuses instead of passing through.
+/// Every process of a container is held to its share whatever its user: the accounting lives in
+/// the container's own tmpfs (mode 1777, as the NRI plugin mounts it), and the container's first
+/// process, whatever its user and umask, makes the file open to all (before, it made it for its
+/// own user alone, and another user's process was refused or, earlier still, unlimited). And a
+/// limit whose accounting cannot be opened refuses instead of passing through.
 #[test]
 fn a_process_of_another_user_is_held_to_the_share_too() {
     use std::os::unix::fs::PermissionsExt as _;
     use std::os::unix::process::CommandExt as _;
-    use tessera_core::enforcement::{HOOK_ACCOUNTING_FILE, HookLayout, ShareLimits};
+    use tessera_core::enforcement::HOOK_ACCOUNTING_FILE;
     let open =
         |p: &std::path::Path, mode: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
     let mut c = Container::limited(4096, None);
@@ -294,25 +295,11 @@ fn a_process_of_another_user_is_held_to_the_share_too() {
     let gpu = c.dir.path().join("gpu");
     std::fs::write(&gpu, b"").unwrap();
     open(&gpu, 0o666);
-    // As the NRI plugin prepares the container.
-    let files = HookLayout::new(c.dir.path().join("hook"))
-        .prepare(
-            "c1",
-            &ShareLimits {
-                uuid: "GPU-00000000-0000-0000-0000-000000000001".into(),
-                core_limit: 100,
-                memory_mib: 4096,
-            },
-        )
-        .unwrap();
-    for d in [
-        c.dir.path().join("hook"),
-        c.dir.path().join("hook/containers"),
-        files.state.parent().unwrap().to_path_buf(),
-    ] {
-        open(&d, 0o755);
-    }
-    c.state_dir = Some(files.state.clone());
+    // As the NRI plugin mounts it: an empty directory open to all, sticky.
+    let state = c.dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    open(&state, 0o1777);
+    c.state_dir = Some(state.clone());
     // Root holds 3 GiB; a process of uid 65534 then fills: it gets the last GiB, no more.
     let mut root = c
         .command("client_dl", &["fill", "3072", "3000"])
@@ -338,7 +325,8 @@ fn a_process_of_another_user_is_held_to_the_share_too() {
     root.kill().unwrap();
     root.wait().unwrap();
     // An accounting file the process cannot open (made by another user, 0644): refused.
-    let memory = files.state.join(HOOK_ACCOUNTING_FILE);
+    let memory = state.join(HOOK_ACCOUNTING_FILE);
+    assert_eq!(std::fs::metadata(&memory).unwrap().permissions().mode() & 0o777, 0o666);
     open(&memory, 0o644);
     let (stdout, stderr) = other(&c);
     assert!(stdout.contains("allocated_mib=0"), "{stdout}{stderr}");

@@ -15,8 +15,8 @@ use std::time::Duration;
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
 use tessera_core::enforcement::{
-    ANNOTATION_ENFORCED_BY, HOOK_AGENT_IN_CONTAINER, HOOK_LIBRARY_IN_CONTAINER, HOOK_PID_SOCKET, HookLayout,
-    ShareEnforcement,
+    ANNOTATION_ENFORCED_BY, HOOK_AGENT_IN_CONTAINER, HOOK_LIBRARY_IN_CONTAINER, HOOK_PID_SOCKET,
+    HOOK_STATE_IN_CONTAINER, HookLayout, ShareEnforcement,
 };
 use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
 use tessera_core::inventory::{FixtureSource, InventorySource, NodeInventory};
@@ -229,6 +229,8 @@ async fn hook_mode(version: Version) -> anyhow::Result<()> {
             .iter()
             .flatten()
             .filter(|m| m.destination().starts_with("/run/tessera"))
+            // A tmpfs is the container's own, whatever its source's name.
+            .filter(|m| m.typ().as_deref() != Some("tmpfs"))
             .filter_map(|m| m.source().clone())
             .collect()
     };
@@ -236,7 +238,7 @@ async fn hook_mode(version: Version) -> anyhow::Result<()> {
     let other = c.create_container(&p2, client(&["info"], &SHARE)).await?;
     let (mine, theirs) = (sources(&spec), sources(&c.oci_spec(&other).await?));
     assert!(
-        mine.len() >= 3 && !mine.iter().any(|m| theirs.contains(m)),
+        mine.len() >= 2 && !mine.iter().any(|m| theirs.contains(m)),
         "{mine:?} / {theirs:?}"
     );
 
@@ -245,6 +247,44 @@ async fn hook_mode(version: Version) -> anyhow::Result<()> {
     let (code, out) = c.run_to_exit(&cid).await?;
     assert_eq!(code, 0, "{out}");
     assert_eq!(kv(&out).get("allocated_mib"), Some(&"8192"), "{out}");
+
+    // A tenant that fills its accounting directory fills a tmpfs of its own, of a fixed size:
+    // the write stops there, and nothing of it lands on the host (before, the directory was
+    // the host's /run, open to all, unbounded).
+    let p = pod(&mut c, &keys, "flood", share.clone()).await?;
+    let flood = ContainerSpec::new(
+        "main",
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "dd if=/dev/zero of={HOOK_STATE_IN_CONTAINER}/fill bs=1k count=4096 2>/dev/null; \
+                 echo written=$(wc -c < {HOOK_STATE_IN_CONTAINER}/fill)"
+            ),
+        ],
+    );
+    let flood = SHARE
+        .iter()
+        .fold(flood, |s, (k, v)| s.annotation(&format!("tessera.io/allocated.{k}"), v));
+    let cid = c.create_container(&p, flood).await?;
+    let (code, out) = c.run_to_exit(&cid).await?;
+    assert_eq!(code, 0, "{out}");
+    let written: u64 = kv(&out)
+        .get("written")
+        .and_then(|w| w.trim().parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(
+        written <= tessera_core::enforcement::HOOK_STATE_TMPFS_KIB * 1024,
+        "the tenant wrote {written} bytes into its accounting directory: {out}"
+    );
+    let on_host: u64 = walk(&layout.root.join("containers"))
+        .iter()
+        .map(|f| f.metadata().map_or(0, |m| m.len()))
+        .sum();
+    assert!(
+        on_host < 64 << 10,
+        "{on_host} bytes in the containers' host directories"
+    );
 
     // A whole card: no hook.
     let p = pod(&mut c, &keys, "whole", AllocatedDevice::whole(&inv.gpus[1])).await?;
@@ -281,4 +321,17 @@ async fn hook_mode_on_containerd_1_7() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hook_mode_on_containerd_2() -> anyhow::Result<()> {
     hook_mode(Version::V2).await
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::fs::DirEntry> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e);
+        }
+    }
+    out
 }

@@ -34,6 +34,20 @@ pub fn bind(host: &std::path::Path, container: &str, read_only: bool) -> api::Mo
     m
 }
 
+/// A tmpfs of its own at `container`, `size_kib` at most, open to every user of the container
+/// (sticky, as /tmp): what is written there counts against nothing on the host.
+pub fn tmpfs(container: &str, size_kib: u64) -> api::Mount {
+    let mut m = api::Mount::new();
+    m.destination = container.into();
+    m.source = "tmpfs".into();
+    m.type_ = "tmpfs".into();
+    m.options = ["nosuid", "nodev", "noexec", &format!("size={size_kib}k"), "mode=1777"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    m
+}
+
 /// The adjustment for a granted container (`container_env`: what it has before).
 pub fn grant(grant: &Grant, edits: &Edits, container_env: &[String]) -> api::ContainerAdjustment {
     let mut adj = api::ContainerAdjustment::new();

@@ -51,6 +51,11 @@ struct RunArgs {
     /// Where Tessera's DRA plugin records the claims it prepared (DRA installs).
     #[arg(long, env = "TESSERA_DRA_STATE_DIR", default_value = tessera_core::dra::DEFAULT_STATE_DIR)]
     dra_state_dir: PathBuf,
+    /// Where the grant of each container given GPUs is recorded (a tmpfs, root only): a
+    /// restarted plugin rebuilds its books from it, and the DRA plugin reads which cards live
+    /// containers use.
+    #[arg(long, env = "TESSERA_GRANTS_DIR", default_value = tessera_core::granted::DEFAULT_GRANTS_DIR)]
+    grants_dir: PathBuf,
     /// Serve the node's GPU metrics (Prometheus, `/metrics`) on this address.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -164,21 +169,34 @@ fn node_name(arg: Option<String>) -> anyhow::Result<String> {
     Ok(host.to_string_lossy().into_owned())
 }
 
-fn plugin(args: &RunArgs) -> anyhow::Result<Arc<TesseraPlugin>> {
+async fn plugin(args: &RunArgs) -> anyhow::Result<Arc<TesseraPlugin>> {
     let keys = VerifyingKeys::from_dir(&args.keys_dir)
         .with_context(|| format!("loading hand-off keys from {}", args.keys_dir.display()))?;
-    Ok(Arc::new(
-        TesseraPlugin::new(PluginConfig {
-            node: node_name(args.node_name.clone())?,
-            keys,
-            cdi_dirs: args.cdi_dirs.clone(),
-            enforcement: args.share_enforcement,
-            mps: MpsLayout::new(&args.mps_root),
-            hook: HookLayout::new(&args.hook_root),
-            claims: tessera_core::dra::ClaimStore::new(&args.dra_state_dir),
-        })
-        .reloading_keys_from(args.keys_dir.clone()),
-    ))
+    let mut plugin = TesseraPlugin::new(PluginConfig {
+        node: node_name(args.node_name.clone())?,
+        keys,
+        cdi_dirs: args.cdi_dirs.clone(),
+        enforcement: args.share_enforcement,
+        mps: MpsLayout::new(&args.mps_root),
+        hook: HookLayout::new(&args.hook_root),
+        claims: tessera_core::dra::ClaimStore::new(&args.dra_state_dir),
+    })
+    .reloading_keys_from(args.keys_dir.clone())
+    .recording_grants_in(tessera_core::granted::GrantStore::new(&args.grants_dir))
+    .reading_users_under(args.proc_root.clone());
+    // A DRA claim shared by pods scheduled after it was prepared: their reservations are read
+    // on the API server (kube's TLS needs one crypto provider for the process).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match kube::Client::try_default().await {
+        Ok(client) => {
+            plugin = plugin.looking_up_reservations(Arc::new(tessera_nri_plugin::plugin::ApiReservations(client)));
+        }
+        Err(e) => tracing::warn!(
+            error = %e,
+            "no Kubernetes API server (in-cluster or KUBECONFIG): a DRA claim is granted only to the pods it was reserved for when prepared"
+        ),
+    }
+    Ok(Arc::new(plugin))
 }
 
 /// The metrics' sources: the telemetry fixture, else NVML (without it, allocations only).
@@ -245,7 +263,7 @@ async fn main() -> anyhow::Result<()> {
             name: std::env::var("NRI_PLUGIN_NAME").unwrap_or(args.name.clone()),
             idx: std::env::var("NRI_PLUGIN_IDX").unwrap_or(args.idx.clone()),
         };
-        return session::run_launched(fd, id, plugin(&args)?).await;
+        return session::run_launched(fd, id, plugin(&args).await?).await;
     }
     let args = match cli.command {
         Some(Command::Run(a)) => a,
@@ -255,7 +273,7 @@ async fn main() -> anyhow::Result<()> {
         name: args.name.clone(),
         idx: args.idx.clone(),
     };
-    let plugin = plugin(&args)?;
+    let plugin = plugin(&args).await?;
     if let Some(listen) = args.metrics_listen {
         let metrics = std::sync::Arc::new(node_metrics(&args));
         let plugin = plugin.clone();

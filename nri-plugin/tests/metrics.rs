@@ -41,9 +41,7 @@ fn tracked(pod: &str, devices: Vec<AllocatedDevice>) -> Tracked {
         pod: pod.into(),
         container: "main".into(),
         devices,
-        stopped: false,
-        mps_share: None,
-        claims: vec![],
+        ..Default::default()
     }
 }
 

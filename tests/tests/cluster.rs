@@ -20,17 +20,40 @@ spec:
     command: ["sh", "-c", "echo hello from $(cat /proc/self/cgroup | wc -l) cgroups; sleep 1"]
 "#;
 
-/// The cluster comes up, runs a pod to completion, and once dropped leaves no process, mount,
-/// network namespace or cgroup of its own behind.
+/// A pod that says hello and then waits, so that what the kubelet made for it (its cgroup, its
+/// mounts) is there to be seen until the cluster goes.
+const WAITING_POD: &str = r#"apiVersion: v1
+kind: Pod
+metadata: {name: hello, namespace: default}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: docker.io/tessera/busybox:test
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo hello from $(cat /proc/self/cgroup | wc -l) cgroups; sleep 3600"]
+"#;
+
+/// The cluster comes up, runs a pod, and once dropped with the pod still running leaves no
+/// process, mount, network namespace or cgroup of its own behind. What it asserts it waits
+/// for: the pod runs until the cluster goes (a pod that ended had its cgroup removed by the
+/// kubelet's clean-up before the test looked, on a loaded machine).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_cluster_runs_a_pod_and_leaves_nothing_behind() -> anyhow::Result<()> {
     let begun = Instant::now();
     let c = Cluster::start().await?;
     println!("Kubernetes {} up in {:.1}s", c.version(), c.started_in().as_secs_f64());
-    c.apply(BUSYBOX_POD)?;
-    c.wait_for(&["pod/hello"], "{.status.phase}", "Succeeded", Duration::from_secs(90))
+    c.apply(WAITING_POD)?;
+    c.wait_for(&["pod/hello"], "{.status.phase}", "Running", Duration::from_secs(90))
         .await?;
-    let logs = c.kubectl_ok(&["logs", "hello"])?;
+    let mut logs = String::new();
+    for _ in 0..300 {
+        logs = c.kubectl_ok(&["logs", "hello"]).unwrap_or_default();
+        if logs.starts_with("hello from") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(logs.starts_with("hello from"), "{logs}");
     let (dir, netns) = (c.dir().to_path_buf(), c.netns().to_string());
     let uid = c.kubectl_ok(&["get", "pod", "hello", "-o", "jsonpath={.metadata.uid}"])?;
@@ -1317,9 +1340,9 @@ async fn running(c: &Cluster, pod: &str) -> anyhow::Result<std::collections::BTr
     anyhow::bail!("{pod} printed nothing")
 }
 
-/// A pod in `namespace` that names claim `uid` through a marker it writes into its own
-/// environment (with the uid where the kubelet would put the claim's token).
-fn marker_pod(namespace: &str, name: &str, uid: &str) -> String {
+/// A pod in `namespace` that names claim `uid`'s request `gpu` through a marker it writes into
+/// its own environment, with `token` where the kubelet would put the request's token.
+fn marker_pod(namespace: &str, name: &str, uid: &str, token: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: Pod
@@ -1330,11 +1353,30 @@ spec:
   - name: main
     image: docker.io/tessera/busybox:test
     imagePullPolicy: Never
-    env: [{{name: {}, value: "{uid}"}}]
+    env: [{{name: {}, value: "{token}"}}]
     command: ["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"]
 "#,
-        tessera_core::dra::marker_env(uid)
+        tessera_core::dra::marker_env(uid, "gpu")
     )
+}
+
+/// Waits until `pod` (in `default`) is refused at container creation; returns why.
+async fn refused(c: &Cluster, pod: &str) -> anyhow::Result<String> {
+    c.wait_for(
+        &[&format!("pod/{pod}")],
+        "{.status.containerStatuses[0].state.waiting.reason}",
+        "CreateContainerError",
+        Duration::from_secs(60),
+    )
+    .await
+    .with_context(|| c.log_tail("nri-plugin", 15))?;
+    c.kubectl_ok(&[
+        "get",
+        "pod",
+        pod,
+        "-o",
+        "jsonpath={.status.containerStatuses[0].state.waiting.message}",
+    ])
 }
 
 /// A ResourceClaim of `gpu.tessera.io` asking `cores` percent and `memory` of one card.
@@ -1553,7 +1595,7 @@ spec:
     let uid = c.kubectl_ok(&["get", "resourceclaim", "share-a", "-o", "jsonpath={.metadata.uid}"])?;
     let uid = uid.trim();
     c.kubectl_ok(&["create", "namespace", "intruder"])?;
-    c.apply(&marker_pod("intruder", "thief", uid))?;
+    c.apply(&marker_pod("intruder", "thief", uid, uid))?;
     c.wait_for(
         &["-n", "intruder", "pod/thief"],
         "{.status.containerStatuses[0].state.waiting.reason}",
@@ -1573,22 +1615,24 @@ spec:
     ])?;
     assert!(why.contains("is not a claim of namespace intruder"), "{why}");
     // A pod of the claim's own namespace that writes the marker itself has no token.
-    c.apply(&marker_pod("default", "copier", uid))?;
-    c.wait_for(
-        &["pod/copier"],
-        "{.status.containerStatuses[0].state.waiting.reason}",
-        "CreateContainerError",
-        Duration::from_secs(60),
-    )
-    .await?;
-    let why = c.kubectl_ok(&[
-        "get",
-        "pod",
-        "copier",
-        "-o",
-        "jsonpath={.status.containerStatuses[0].state.waiting.message}",
-    ])?;
-    assert!(why.contains("does not carry the claim's token"), "{why}");
+    c.apply(&marker_pod("default", "copier", uid, uid))?;
+    assert!(
+        refused(&c, "copier")
+            .await?
+            .contains("does not carry the claim's token"),
+        "a forged token"
+    );
+    // Nor does one that copies the real marker, token and all, out of share-a's own pod (any
+    // process there can read it): the claim is reserved for dshare-a, not for it.
+    let env = c.kubectl_ok(&["exec", "dshare-a", "--", "env"])?;
+    let var = tessera_core::dra::marker_env(uid, "gpu");
+    let token = env
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{var}=")))
+        .with_context(|| format!("dshare-a's environment has no {var}: {env}"))?;
+    c.apply(&marker_pod("default", "bearer", uid, token))?;
+    let why = refused(&c, "bearer").await?;
+    assert!(why.contains("is not reserved for this pod"), "{why}");
 
     // A node agent writes only its own node's slice.
     let agent = format!("--kubeconfig={}", c.dir().join("tessera-node.kubeconfig").display());

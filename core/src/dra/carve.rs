@@ -156,19 +156,19 @@ pub fn placement_devices(
                 continue;
             }
             let mut attributes = attributes.clone();
-            attributes.insert("type".into(), super::string("mig"));
-            attributes.insert("parentUUID".into(), super::string(&gpu.uuid));
-            attributes.insert("profile".into(), super::string(&info.profile.to_string()));
-            attributes.insert("placementStart".into(), super::int(i64::from(placement.start)));
-            attributes.insert("shareable".into(), super::boolean(false));
-            attributes.insert("dynamic".into(), super::boolean(true));
+            attributes.insert("type".into(), super::publish::string("mig"));
+            attributes.insert("parentUUID".into(), super::publish::string(&gpu.uuid));
+            attributes.insert("profile".into(), super::publish::string(&info.profile.to_string()));
+            attributes.insert("placementStart".into(), super::publish::int(i64::from(placement.start)));
+            attributes.insert("shareable".into(), super::publish::boolean(false));
+            attributes.insert("dynamic".into(), super::publish::boolean(true));
             out.push(resource::Device {
                 name: placement_device_name(gpu, info, placement),
                 attributes: Some(attributes),
                 capacity: Some(BTreeMap::from([(
                     super::CAPACITY_MEMORY.to_string(),
                     resource::DeviceCapacity {
-                        value: super::q(format!("{}Mi", info.memory_mib)),
+                        value: super::publish::q(format!("{}Mi", info.memory_mib)),
                         request_policy: None,
                     },
                 )])),

@@ -2,8 +2,12 @@ use k8s_openapi::api::resource::v1 as resource;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
 use super::*;
-use crate::inventory::{FixtureSource, Health, InventorySource};
+use crate::handoff::AllocatedDevice;
+use crate::inventory::{FixtureSource, Health, InventorySource, MadeInstance, MigDevice, NodeInventory};
 
 fn inv(fixture: &str) -> NodeInventory {
     FixtureSource::new(fixture).discover().unwrap()
@@ -217,59 +221,171 @@ fn claims_the_node_cannot_honour_are_refused_with_what_is_wrong() {
     assert!(prepare(&sick, "node-a", "u-1", &claim(vec![result("gpu-0", &[])], &[])).is_err());
 }
 
+/// A claim prepared as the DRA plugin prepares it: its record, with a token per request.
+fn recorded(store: &ClaimStore, mut c: PreparedClaim) -> PreparedClaim {
+    c.markers = new_markers(&c);
+    store.put(&c).unwrap();
+    c
+}
+
+/// The environment the kubelet gives a container handed `requests` of `c` (every request's
+/// marker when `None`, as for a container naming the whole claim).
+fn handed(c: &PreparedClaim, requests: Option<&[&str]>) -> Vec<String> {
+    let spec = marker_spec(c);
+    spec.devices
+        .iter()
+        .filter(|d| requests.is_none_or(|rs| rs.iter().any(|r| d.name == format!("{}_{r}", c.uid))))
+        .flat_map(|d| d.container_edits.env.clone())
+        .chain(["PATH=/bin".to_string()])
+        .collect()
+}
+
+const ANYONE: &dyn Fn(&PreparedClaim) -> bool = &|_| true;
+
 #[test]
 fn a_container_gets_a_claims_devices_only_through_its_marker_in_its_namespace() {
     let dir = tempfile::tempdir().unwrap();
     let store = ClaimStore::new(dir.path());
     let t4 = inv("t4x2");
-    let mut c = prepare(
+    let c = prepare(
         &t4,
         "node-a",
         "u-1",
         &claim(vec![result("gpu-0", &[("cores", "30"), ("memory", "4Gi")])], &["p1"]),
     )
     .unwrap();
-    c.token = new_token();
-    store.put(&c).unwrap();
-    // What the kubelet hands the container: the marker's variable with the claim's token.
-    let env = marker_spec("u-1", &c.token).devices[0].container_edits.env.clone();
-    let marks = marked_claims(&[env, vec!["PATH=/bin".to_string()]].concat());
-    assert_eq!(marks, [("u-1".to_string(), c.token.clone())]);
-    let got = devices_for(&store, "team-a", &marks).unwrap();
+    let c = recorded(&store, c);
+    // What the kubelet hands the container: the marker's variable with the request's token.
+    let marks = marked_claims(&handed(&c, None));
     assert_eq!(
-        (got.devices, got.claims),
-        (vec![c.devices[0].allocated.clone()], vec!["u-1".to_string()])
+        marks,
+        [Mark {
+            claim: "u-1".into(),
+            request: Some("gpu".into()),
+            token: c.markers["gpu"].clone()
+        }]
     );
+    let got = devices_for(&store, "team-a", &marks, ANYONE).unwrap();
+    assert_eq!(got.devices, vec![c.devices[0].allocated.clone()]);
+    assert_eq!(got.claims.keys().collect::<Vec<_>>(), ["u-1"]);
     // Another namespace's pod naming the claim (its env is its own to write) gets nothing.
     assert_eq!(
-        devices_for(&store, "team-b", &marks).unwrap_err().to_string(),
+        devices_for(&store, "team-b", &marks, ANYONE).unwrap_err().to_string(),
         "claim team-a/c (u-1) is not a claim of namespace team-b"
     );
     // Nor does a pod of the namespace that writes the marker itself, without the token.
-    let forged = [("u-1".to_string(), "u-1".to_string())];
+    let forged = [Mark {
+        token: "u-1".into(),
+        ..marks[0].clone()
+    }];
     assert!(
-        devices_for(&store, "team-a", &forged)
+        devices_for(&store, "team-a", &forged, ANYONE)
             .unwrap_err()
             .to_string()
             .contains("does not carry the claim's token")
     );
+    // A claim-wide marker (as older plugins wrote them) does not stand for a claim recorded
+    // with per-request markers, whatever its value.
+    let claim_wide = [Mark {
+        request: None,
+        ..marks[0].clone()
+    }];
+    assert!(devices_for(&store, "team-a", &claim_wide, ANYONE).is_err());
+    let other = [Mark {
+        claim: "u-9".into(),
+        ..marks[0].clone()
+    }];
     assert_eq!(
-        devices_for(&store, "team-a", &[("u-9".to_string(), c.token.clone())])
-            .unwrap_err()
-            .to_string(),
+        devices_for(&store, "team-a", &other, ANYONE).unwrap_err().to_string(),
         "claim u-9 is not prepared on this node"
     );
     // A record that cannot be read is said to be unreadable, not missing.
     std::fs::write(store.dir().join("u-7.json"), "{").unwrap();
+    let unreadable = [Mark {
+        claim: "u-7".into(),
+        ..marks[0].clone()
+    }];
     assert!(
-        devices_for(&store, "team-a", &[("u-7".to_string(), "t".to_string())])
+        devices_for(&store, "team-a", &unreadable, ANYONE)
             .unwrap_err()
             .to_string()
             .contains("cannot be read")
     );
-    // A marker name that is no uid names nothing.
+    // A marker name that is no uid, or no request, names nothing.
     assert!(marked_claims(&["TESSERA_DRA_CLAIM_.._etc=x".to_string()]).is_empty());
+    assert!(marked_claims(&["TESSERA_DRA_CLAIM_u_1_R_GPU=x".to_string()]).is_empty());
     assert!(store.get("../../etc/passwd").unwrap().is_none());
+}
+
+/// A pod that copies another pod's marker (its token included) into its own environment gets
+/// nothing: the claim must be reserved for the pod that uses it. Fails when `devices_for`
+/// does not ask.
+#[test]
+fn a_claim_gives_its_devices_only_to_pods_it_is_reserved_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ClaimStore::new(dir.path());
+    let c = prepare(
+        &inv("t4x2"),
+        "node-a",
+        "u-1",
+        &claim(vec![result("gpu-0", &[])], &["p1"]),
+    )
+    .unwrap();
+    let c = recorded(&store, c);
+    let marks = marked_claims(&handed(&c, None));
+    let reserved_for = |pod: &'static str| move |claim: &PreparedClaim| claim.pods.iter().any(|p| p == pod);
+    assert!(devices_for(&store, "team-a", &marks, &reserved_for("p1")).is_ok());
+    assert_eq!(
+        devices_for(&store, "team-a", &marks, &reserved_for("p2"))
+            .unwrap_err()
+            .to_string(),
+        "claim team-a/c (u-1) is not reserved for this pod (status.reservedFor); a pod gets a claim only when it names it"
+    );
+}
+
+/// A container handed one request of a claim gets that request's devices, not the claim's
+/// others: each request has its own marker and token. Fails with one marker per claim.
+#[test]
+fn a_container_gets_only_the_requests_it_was_handed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ClaimStore::new(dir.path());
+    let mut second = result("gpu-1", &[]);
+    second.request = "eval".into();
+    let c = prepare(
+        &inv("t4x2"),
+        "node-a",
+        "u-1",
+        &claim(vec![result("gpu-0", &[]), second], &["p1"]),
+    )
+    .unwrap();
+    let c = recorded(&store, c);
+    assert_eq!(c.markers.keys().collect::<Vec<_>>(), ["eval", "gpu"]);
+    let one = devices_for(&store, "team-a", &marked_claims(&handed(&c, Some(&["gpu"]))), ANYONE).unwrap();
+    assert_eq!(one.devices, [c.devices[0].allocated.clone()]);
+    let both = devices_for(&store, "team-a", &marked_claims(&handed(&c, None)), ANYONE).unwrap();
+    assert_eq!(both.devices.len(), 2);
+    // The first request's token does not open the second.
+    let mut stolen = marked_claims(&handed(&c, Some(&["gpu"])));
+    stolen[0].request = Some("eval".into());
+    assert!(devices_for(&store, "team-a", &stolen, ANYONE).is_err());
+    // Each device's CDI names are its requests' markers.
+    assert_eq!(
+        marker_devices(&c, &c.devices[1].requests),
+        ["tessera.io/claim=u-1_eval"]
+    );
+}
+
+/// Admin access (to a device in use, without its users' limits) is refused at preparation,
+/// naming the device; before, it was granted as an exclusive whole card.
+#[test]
+fn admin_access_is_refused() {
+    let mut r = result("gpu-0", &[]);
+    r.admin_access = Some(true);
+    let err = prepare(&inv("t4x2"), "node-a", "u-1", &claim(vec![r], &["p1"])).unwrap_err();
+    assert!(
+        matches!(err, DraError::AdminAccess { ref device, .. } if device == "gpu-0"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -285,18 +401,23 @@ fn a_share_comes_alone_to_a_container() {
     ] {
         let mut c = prepare(&t4, "node-a", "u-1", &claim(vec![result(device, &consumed)], &[])).unwrap();
         c.uid = uid.into();
-        c.token = new_token();
-        store.put(&c).unwrap();
-        marks.push((uid.to_string(), c.token));
+        let c = recorded(&store, c);
+        marks.push(marked_claims(&handed(&c, None)).remove(0));
     }
     // Two equal shares of one card, or a share beside a whole card: one container's limits
     // could hold only one of them.
     for pair in [[0, 1], [0, 2]] {
         let two: Vec<_> = pair.iter().map(|&i| marks[i].clone()).collect();
-        let err = devices_for(&store, "team-a", &two).unwrap_err().to_string();
+        let err = devices_for(&store, "team-a", &two, ANYONE).unwrap_err().to_string();
         assert!(err.contains("a container may hold one share, alone"), "{err}");
     }
-    assert_eq!(devices_for(&store, "team-a", &marks[2..]).unwrap().devices.len(), 1);
+    assert_eq!(
+        devices_for(&store, "team-a", &marks[2..], ANYONE)
+            .unwrap()
+            .devices
+            .len(),
+        1
+    );
 }
 
 #[test]
@@ -312,10 +433,16 @@ fn records_are_written_whole_for_root_only_and_removed_idempotently() {
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(store.dir()), 0o700);
     assert_eq!(mode(&store.dir().join("u-1.json")), 0o600);
-    assert_eq!(store.list(), (vec![c], vec![]));
+    assert_eq!(store.list(), (vec![c.clone()], vec![]));
     std::fs::write(store.dir().join("u-2.json"), "{").unwrap();
     let (claims, bad) = store.list();
     assert_eq!((claims.len(), bad.len()), (1, 1), "{bad:?}");
+    // An unreadable record is set aside, out of the records' way, and kept for people.
+    assert_eq!(store.unreadable(), ["u-2"]);
+    let aside = store.set_aside("u-2").unwrap();
+    assert_eq!(std::fs::read_to_string(aside).unwrap(), "{");
+    assert_eq!(store.list(), (vec![c], vec![]));
+    assert!(store.unreadable().is_empty());
     store.remove("u-1").unwrap();
     store.remove("u-1").unwrap();
     assert_eq!(store.get("u-1").unwrap(), None);
@@ -328,63 +455,62 @@ fn records_are_written_whole_for_root_only_and_removed_idempotently() {
 }
 
 #[test]
-fn a_claims_marker_is_a_valid_cdi_spec_that_sets_only_its_variable() {
-    let spec = marker_spec("0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a", "9f2c");
-    spec.validate().unwrap();
-    assert_eq!(
-        marker_device("0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a"),
-        "tessera.io/claim=0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a"
-    );
-    assert_eq!(
-        spec.devices[0].container_edits.env,
-        ["TESSERA_DRA_CLAIM_0b6c7a2e_1d2f_4c59_9a41_3f1e2d3c4b5a=9f2c"]
-    );
-    assert_eq!(
-        marked_claims(&spec.devices[0].container_edits.env),
-        [("0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a".to_string(), "9f2c".to_string())]
-    );
-    assert_ne!(new_token(), new_token());
-}
-
-#[test]
-fn a_cards_shares_go_to_one_tenant_unless_the_node_opts_in() {
-    let claim = |uid: &str, ns: &str, uuid: &str, exclusive: bool| PreparedClaim {
+fn a_claims_markers_are_a_valid_cdi_spec_each_setting_only_its_variable() {
+    let uid = "0b6c7a2e-1d2f-4c59-9a41-3f1e2d3c4b5a";
+    let c = PreparedClaim {
         uid: uid.into(),
-        namespace: ns.into(),
-        name: uid.into(),
+        namespace: "team-a".into(),
+        name: "c".into(),
         pods: vec![],
         token: String::new(),
-        devices: vec![PreparedDevice {
-            requests: vec!["gpu".into()],
-            pool: "node-a".into(),
-            device: "gpu-0".into(),
-            share_id: None,
-            allocated: AllocatedDevice::Gpu {
-                uuid: uuid.into(),
-                index: 0,
-                minor: 0,
-                core_percent: if exclusive { 100 } else { 30 },
-                memory_mib: 4096,
-                exclusive,
-            },
-            carved: None,
-        }],
+        markers: [
+            ("gpu".to_string(), "9f2c".to_string()),
+            ("big-gpus/h100".to_string(), "77aa".to_string()),
+        ]
+        .into(),
+        devices: vec![],
     };
-    let held = vec![(claim("a", "team-a", "GPU-1", false), "team-a".to_string())];
-    let b = claim("b", "team-b", "GPU-1", false);
-    let err = check_tenancy(&b, "team-b", &held, false).unwrap_err();
-    assert!(err.contains("GPU-1") && err.contains("\"team-a\""), "{err}");
-    // Opted in; the same tenant; another card; a whole card (not a share): no refusal.
-    assert_eq!(check_tenancy(&b, "team-b", &held, true), Ok(()));
-    assert_eq!(check_tenancy(&b, "team-a", &held, false), Ok(()));
+    let spec = marker_spec(&c);
+    spec.validate().unwrap();
     assert_eq!(
-        check_tenancy(&claim("c", "team-b", "GPU-2", false), "team-b", &held, false),
-        Ok(())
+        marker_device(uid, "big-gpus/h100"),
+        format!("tessera.io/claim={uid}_big-gpus.h100")
+    );
+    let envs: Vec<_> = spec.devices.iter().map(|d| d.container_edits.env.clone()).collect();
+    assert_eq!(
+        envs,
+        [
+            vec![format!(
+                "TESSERA_DRA_CLAIM_0b6c7a2e_1d2f_4c59_9a41_3f1e2d3c4b5a_R_big_gpus_S_h100=77aa"
+            )],
+            vec![format!(
+                "TESSERA_DRA_CLAIM_0b6c7a2e_1d2f_4c59_9a41_3f1e2d3c4b5a_R_gpu=9f2c"
+            )],
+        ]
+    );
+    let marks = marked_claims(&envs.concat());
+    assert_eq!(
+        marks.iter().map(|m| m.request.clone().unwrap()).collect::<Vec<_>>(),
+        ["big-gpus/h100", "gpu"]
+    );
+    // A claim an older plugin recorded keeps its one claim-wide marker.
+    let old = PreparedClaim {
+        markers: Default::default(),
+        token: "5e5e".into(),
+        ..c
+    };
+    let spec = marker_spec(&old);
+    spec.validate().unwrap();
+    assert_eq!(
+        spec.devices[0].container_edits.env,
+        ["TESSERA_DRA_CLAIM_0b6c7a2e_1d2f_4c59_9a41_3f1e2d3c4b5a=5e5e"]
     );
     assert_eq!(
-        check_tenancy(&claim("d", "team-b", "GPU-1", true), "team-b", &held, false),
-        Ok(())
+        marker_devices(&old, &["gpu".into()]),
+        [format!("tessera.io/claim={uid}")]
     );
+    assert_eq!(marked_claims(&spec.devices[0].container_edits.env)[0].request, None);
+    assert_ne!(new_token(), new_token());
 }
 
 fn device<'a>(p: &'a Published, name: &str) -> &'a resource::Device {

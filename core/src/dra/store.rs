@@ -1,0 +1,134 @@
+//! The node's prepared-claim records: one JSON file per claim uid, for root only.
+
+use std::path::{Path, PathBuf};
+
+use super::{DEFAULT_STATE_DIR, PreparedClaim, is_uid};
+
+/// The node's prepared-claim records: one JSON file per claim uid, written whole (temporary
+/// file and rename) in a directory only root can write.
+#[derive(Debug, Clone)]
+pub struct ClaimStore {
+    dir: PathBuf,
+}
+
+impl Default for ClaimStore {
+    /// The records under [`DEFAULT_STATE_DIR`].
+    fn default() -> Self {
+        Self::new(Path::new(DEFAULT_STATE_DIR))
+    }
+}
+
+impl ClaimStore {
+    /// The records under `state_dir/claims`.
+    pub fn new(state_dir: &Path) -> Self {
+        Self {
+            dir: state_dir.join("claims"),
+        }
+    }
+
+    /// The records' directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, uid: &str) -> Option<PathBuf> {
+        is_uid(uid).then(|| self.dir.join(format!("{uid}.json")))
+    }
+
+    /// Claim `uid`'s record, if the node prepared it.
+    pub fn get(&self, uid: &str) -> std::io::Result<Option<PreparedClaim>> {
+        let Some(path) = self.path(uid) else { return Ok(None) };
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Records `claim` (replacing an earlier record of it).
+    pub fn put(&self, claim: &PreparedClaim) -> std::io::Result<()> {
+        let path = self.path(&claim.uid).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("claim uid {:?} is invalid", claim.uid),
+            )
+        })?;
+        let text = serde_json::to_vec_pretty(claim).map_err(std::io::Error::other)?;
+        crate::files::write_atomic(&self.dir, &path, &text, 0o700, 0o600)
+    }
+
+    /// Forgets claim `uid` (no error when it was not recorded).
+    pub fn remove(&self, uid: &str) -> std::io::Result<()> {
+        let Some(path) = self.path(uid) else { return Ok(()) };
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every recorded claim (unreadable records are skipped and named in the error list).
+    pub fn list(&self) -> (Vec<PreparedClaim>, Vec<String>) {
+        let (mut claims, mut bad) = (Vec::new(), Vec::new());
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return (claims, bad);
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(uid) = name.strip_suffix(".json") else {
+                continue;
+            };
+            match self.get(uid) {
+                Ok(Some(c)) => claims.push(c),
+                Ok(None) => {}
+                Err(err) => bad.push(err.to_string()),
+            }
+        }
+        claims.sort_by(|a, b| a.uid.cmp(&b.uid));
+        (claims, bad)
+    }
+}
+
+impl ClaimStore {
+    /// Moves claim `uid`'s record, which cannot be read, out of the records into
+    /// `unreadable/` beside them (kept for people): one bad file no longer stands in the way
+    /// of every other claim's preparation, and the node's live containers still say which
+    /// cards are in use. Returns where it went.
+    pub fn set_aside(&self, uid: &str) -> std::io::Result<PathBuf> {
+        let from = self.path(uid).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("claim uid {uid:?} is invalid"),
+            )
+        })?;
+        let dir = self.dir.join("unreadable");
+        {
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
+        }
+        let to = dir.join(format!("{uid}.json"));
+        std::fs::rename(&from, &to)?;
+        crate::files::sync_dir(&self.dir)?;
+        Ok(to)
+    }
+
+    /// The uids of the records that cannot be read.
+    pub fn unreadable(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .strip_suffix(".json")
+                    .map(str::to_string)
+            })
+            .filter(|uid| self.get(uid).is_err())
+            .collect();
+        out.sort();
+        out
+    }
+}
