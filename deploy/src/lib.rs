@@ -767,8 +767,11 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                                     mount("nri", "/var/run/nri", false),
                                     mount("cdi", "/var/run/cdi", true),
                                     mount("handoff-keys", "/etc/tessera/keys", true),
-                                    // Each card's MPS daemon state, read before a share is admitted.
-                                    mount("mps", DEFAULT_MPS_ROOT, true),
+                                    // Each card's MPS daemon state, read before a share is
+                                    // admitted, and the card's wanted ceiling, written.
+                                    mount("mps", DEFAULT_MPS_ROOT, false),
+                                    // What each container was granted (the DRA plugin reads it).
+                                    mount("grants", tessera_core::granted::DEFAULT_GRANTS_DIR, false),
                                     // Hook mode: each share container's limits are written here.
                                     mount("hook", DEFAULT_HOOK_ROOT, !hook_mode),
                                 ]
@@ -806,6 +809,8 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                                 mount("dra-plugin", tessera_core::dra::PLUGIN_DIR, false),
                                 mount("cdi", "/var/run/cdi", false),
                                 mount("dra-state", tessera_core::dra::DEFAULT_STATE_DIR, false),
+                                // Which cards live containers use (the NRI plugin's records).
+                                mount("grants", tessera_core::granted::DEFAULT_GRANTS_DIR, true),
                                 mount("dev", "/dev", true),
                                 host_root_mount.clone(),
                             ],
@@ -857,6 +862,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                             host_path("host-root", "/", "Directory"),
                             host_path("mps", DEFAULT_MPS_ROOT, "DirectoryOrCreate"),
                             host_path("hook", DEFAULT_HOOK_ROOT, "DirectoryOrCreate"),
+                            host_path("grants", tessera_core::granted::DEFAULT_GRANTS_DIR, "DirectoryOrCreate"),
                             host_path("driver-bundles", DEFAULT_BUNDLE_ROOT, "DirectoryOrCreate"),
                             keys_volume(PUBLIC_KEYS_SECRET),
                         ]

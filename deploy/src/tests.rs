@@ -265,6 +265,59 @@ fn only_the_extender_mounts_the_signing_keys() {
     assert!(!secrets_of("Deployment", EXTENDER).contains(&SCHEDULER_TLS_SECRET.to_string()));
 }
 
+/// Every directory a node agent writes is mounted read-write in its container, and what it only
+/// reads is read-only: the NRI plugin writes each card's MPS ceiling (a read-only mount made
+/// every MPS share fail at creation, waiting for a ceiling that was never written) and its
+/// grant records; the DRA plugin reads those records and writes the claims' records.
+#[test]
+fn node_agents_can_write_where_they_write_and_only_there() {
+    let opts = ManifestOptions {
+        dra: true,
+        ..Default::default()
+    };
+    let objs = objects(&opts);
+    let node = objs
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == NODE)
+        .unwrap();
+    let mounts = |container: &str| -> BTreeMap<String, bool> {
+        node["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == container)
+            .unwrap_or_else(|| panic!("container {container}"))["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["mountPath"].as_str().unwrap().to_string(),
+                    m["readOnly"].as_bool().unwrap_or(false),
+                )
+            })
+            .collect()
+    };
+    let grants = tessera_core::granted::DEFAULT_GRANTS_DIR;
+    let dra_state = tessera_core::dra::DEFAULT_STATE_DIR;
+    for (container, path, read_only) in [
+        ("nri-plugin", DEFAULT_MPS_ROOT, false),
+        ("nri-plugin", grants, false),
+        ("nri-plugin", dra_state, true),
+        ("nri-plugin", "/etc/tessera/keys", true),
+        ("dra-plugin", grants, true),
+        ("dra-plugin", dra_state, false),
+        ("dra-plugin", "/var/run/cdi", false),
+        ("mps-supervisor", DEFAULT_MPS_ROOT, false),
+    ] {
+        assert_eq!(
+            mounts(container).get(path),
+            Some(&read_only),
+            "{container} mounts {path} read-only: {read_only}"
+        );
+    }
+}
+
 /// Every program a container of the manifests runs (DRA and MPS included) is one the image
 /// ships (scripts/ship.sh), and the DRA install adds the plugin to the node DaemonSet, its
 /// classes and its rights, and nothing to an install without it.
