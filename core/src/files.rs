@@ -75,20 +75,23 @@ mod tests {
             let writers: Vec<_> = (0..4)
                 .map(|w| {
                     let (dir, path) = (dir.path(), &path);
-                    s.spawn(move || {
+                    s.spawn(move || -> Result<(), String> {
                         for i in 0..200 {
                             let text = serde_json::json!({"writer": w, "i": i, "pad": "x".repeat(4096)}).to_string();
                             write_atomic(dir, path, text.as_bytes(), 0o755, 0o644)
-                                .unwrap_or_else(|e| panic!("writer {w}, write {i}: {e}"));
+                                .map_err(|e| format!("writer {w}, write {i}: {e}"))?;
                         }
+                        Ok(())
                     })
                 })
                 .collect();
-            for w in writers {
-                w.join().unwrap();
-            }
+            let written: Vec<Result<(), String>> = writers.into_iter().map(|w| w.join().unwrap()).collect();
             stop.store(true, Ordering::Relaxed);
-            assert!(reader.join().unwrap() > 0);
+            let reads = reader.join();
+            for w in written {
+                w.unwrap();
+            }
+            assert!(reads.unwrap() > 0);
         });
         // No temporary file is left behind.
         let left: Vec<_> = std::fs::read_dir(dir.path())
