@@ -232,43 +232,17 @@ impl MpsBinaries {
         ceiling: &MpsCeiling,
         timeout: Duration,
     ) -> Result<(), String> {
-        let pct = ceiling.active_thread_percentage.clamp(1, 100);
-        let mib = ceiling.pinned_memory_mib.max(1);
-        self.command(
-            layout,
-            uuid,
-            &format!("set_default_active_thread_percentage {pct}"),
-            timeout,
-        )
-        .await?;
-        self.command(
-            layout,
-            uuid,
-            &format!("set_default_device_pinned_mem_limit 0 {mib}M"),
-            timeout,
-        )
-        .await?;
+        for cmd in default_commands(ceiling) {
+            self.command(layout, uuid, &cmd, timeout).await?;
+        }
         // Servers already running keep the limits they started with unless told.
         let servers = self.command(layout, uuid, "get_server_list", timeout).await?;
-        for pid in servers
-            .split_whitespace()
-            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
-        {
-            self.command(
-                layout,
-                uuid,
-                &format!("set_active_thread_percentage {pid} {pct}"),
-                timeout,
-            )
-            .await?;
-            self.command(
-                layout,
-                uuid,
-                &format!("set_device_pinned_mem_limit {pid} 0 {mib}M"),
-                timeout,
-            )
-            .await?;
+        for pid in server_pids(&servers) {
+            for cmd in server_commands(ceiling, pid) {
+                self.command(layout, uuid, &cmd, timeout).await?;
+            }
         }
+        let (pct, mib) = limits(ceiling);
         match self.defaults(layout, uuid, timeout).await? {
             (p, m) if (p - f64::from(pct)).abs() < 0.05 && m == shown(mib) => Ok(()),
             (p, m) => Err(format!(
@@ -276,14 +250,133 @@ impl MpsBinaries {
             )),
         }
     }
+
+    /// The limits of each server the daemon runs, as it answers them: `(pid, percentage,
+    /// memory limit)` (device 0). A server gone between the list and the questions ("Server
+    /// 4242 not found") is left out.
+    pub async fn server_limits(
+        &self,
+        layout: &MpsLayout,
+        uuid: &str,
+        timeout: Duration,
+    ) -> Result<Vec<(String, String, String)>, String> {
+        let servers = self.command(layout, uuid, "get_server_list", timeout).await?;
+        let mut held = Vec::new();
+        for pid in server_pids(&servers) {
+            let pct = self
+                .command(layout, uuid, &format!("get_active_thread_percentage {pid}"), timeout)
+                .await?;
+            let mem = self
+                .command(layout, uuid, &format!("get_device_pinned_mem_limit {pid} 0"), timeout)
+                .await?;
+            if !gone(&pct) && !gone(&mem) {
+                held.push((pid.to_string(), pct, mem));
+            }
+        }
+        Ok(held)
+    }
+}
+
+/// The pids in the daemon's answer to `get_server_list`.
+fn server_pids(list: &str) -> impl Iterator<Item = &str> {
+    list.split_whitespace()
+        .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Whether the daemon's answer about a server says it runs no longer.
+fn gone(answer: &str) -> bool {
+    answer.starts_with("Server ") && answer.contains("not found")
+}
+
+/// The ceiling's limits as the supervisor sets them: the percentage (1 to 100) and the memory
+/// limit in MiB (at least 1: MPS reads 0 as no limit).
+fn limits(ceiling: &MpsCeiling) -> (u32, u64) {
+    (
+        ceiling.active_thread_percentage.clamp(1, 100),
+        ceiling.pinned_memory_mib.max(1),
+    )
+}
+
+/// The commands that set `ceiling` as the daemon's defaults, word for word as
+/// [`MpsBinaries::apply_ceiling`] sends them.
+pub fn default_commands(ceiling: &MpsCeiling) -> [String; 2] {
+    let (pct, mib) = limits(ceiling);
+    [
+        format!("set_default_active_thread_percentage {pct}"),
+        format!("set_default_device_pinned_mem_limit 0 {mib}M"),
+    ]
+}
+
+/// The commands that set `ceiling` on the running server `pid`, word for word as
+/// [`MpsBinaries::apply_ceiling`] sends them.
+pub fn server_commands(ceiling: &MpsCeiling, pid: &str) -> [String; 2] {
+    let (pct, mib) = limits(ceiling);
+    [
+        format!("set_active_thread_percentage {pid} {pct}"),
+        format!("set_device_pinned_mem_limit {pid} 0 {mib}M"),
+    ]
+}
+
+/// Whether the daemon's answers for a percentage and a memory limit (of its defaults or of a
+/// server) are `ceiling`, memory at the resolution the daemon prints ([`shown`]).
+pub fn holds(ceiling: &MpsCeiling, pct: &str, mem: &str) -> bool {
+    let (want_pct, mib) = limits(ceiling);
+    pct.trim()
+        .parse::<f64>()
+        .is_ok_and(|p| (p - f64::from(want_pct)).abs() < 0.05)
+        && mem.trim() == shown(mib)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn a_servers_limits_are_read_as_the_defaults_are() {
+        let c = MpsCeiling {
+            active_thread_percentage: 30,
+            pinned_memory_mib: 8192,
+        };
+        // As the real 535 daemon prints a percentage and a memory limit (`%.1f`, `%lldG`).
+        assert!(holds(&c, "30.0", "8G"));
+        assert!(holds(&c, "30.0\n", "8G\n"));
+        for (pct, mem) in [
+            ("100.0", "8G"),
+            ("1.0", "8G"),
+            ("30.0", "7G"),
+            ("30.0", "80G"),
+            ("30.0", ""),
+            ("", "8G"),
+            ("Server 4242 not found", "8G"),
+        ] {
+            assert!(!holds(&c, pct, mem), "{pct} {mem}");
+        }
+        assert!(holds(&MpsCeiling::CLOSED, "1.0", "1M"));
+        // `get_server_list`: one pid a line; the daemon's answer for a server that exited.
+        assert_eq!(server_pids("4242\n4243\n").collect::<Vec<_>>(), ["4242", "4243"]);
+        assert_eq!(server_pids("").count(), 0);
+        assert!(gone("Server 4242 not found"));
+        assert!(!gone("30.0"));
+        // The commands the supervisor sends, which the log reader knows word for word.
+        assert_eq!(
+            default_commands(&c),
+            [
+                "set_default_active_thread_percentage 30",
+                "set_default_device_pinned_mem_limit 0 8192M"
+            ]
+        );
+        assert_eq!(
+            server_commands(&c, "4242"),
+            [
+                "set_active_thread_percentage 4242 30",
+                "set_device_pinned_mem_limit 4242 0 8192M"
+            ]
+        );
+    }
+
     #[test]
     fn memory_as_the_daemon_prints_it() {
         // Read off the real 535 daemon: 1536M -> 1G, 1025M -> 1G, 8192M -> 8G, 1M -> 1M.
-        use super::shown;
         assert_eq!(
             [shown(1536), shown(1025), shown(8192), shown(1)],
             ["1G", "1G", "8G", "1M"]

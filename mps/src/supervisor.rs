@@ -4,7 +4,9 @@
 //! exponential backoff when it dies or stops answering, and stopped with `quit` on shutdown. A
 //! daemon left on the card's pipe directory by an earlier supervisor is stopped first
 //! ([`crate::leftover`]). The daemon's own output becomes log lines naming its card, without
-//! the chatter of each health check. Every change is logged and written to the card's
+//! the chatter of control connections; the commands clients send it are read off that output
+//! ([`crate::tamper`]), and any that may have changed a limit make the card's ceiling be set
+//! again, once however many came. Every change is logged and written to the card's
 //! `state.json` ([`MpsLayout`]), which the NRI plugin reads before it admits a share.
 
 use std::collections::BTreeMap;
@@ -16,13 +18,14 @@ use std::time::{Duration, Instant, SystemTime};
 use tessera_core::enforcement::{DaemonPhase, MpsCeiling, MpsLayout, MpsState, unix_secs};
 
 use crate::compute_mode::{self, ComputeModes};
-use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use crate::control::MpsBinaries;
+use crate::tamper::Tally;
 
 /// Delays between restarts: `base * 2^failures`, at most `max`; the count starts over once a
 /// daemon has stayed ready for `healthy_after`.
@@ -207,30 +210,68 @@ fn prepare_dirs(config: &SupervisorConfig, uuid: &str) -> std::io::Result<()> {
 /// The last thing a daemon said that was not health-check chatter (why it would not start).
 type LastWords = Arc<Mutex<Option<String>>>;
 
-/// The control daemon logs five lines per connection (`-f`); those of queries (`Cmd:get_*`,
-/// the health check's and the ceiling's read-back) are noise. Returns whether `line` is such,
-/// tracking whether a query's connection is open (its answer lines, until `UI closed`).
-fn chatter(line: &str, in_query: &mut bool) -> bool {
-    let text = line.rsplit_once("] ").map_or(line, |(_, t)| t).trim();
-    if text.starts_with("Cmd:get_") {
-        *in_query = true;
-        return true;
+/// The control daemon logs five lines per control connection (`-f`): its accepting, `NEW UI`,
+/// the command, the answer and `UI closed`. They are noise: the supervisor's own checks and
+/// ceilings, and clients' commands, which the card's [`Tally`] counts and its supervision
+/// reports (a flood of commands is not a flood of log lines). Returns whether `line` is such,
+/// tracking whether a connection is open.
+fn chatter(line: &str, in_ui: &mut bool) -> bool {
+    let text = line
+        .strip_prefix('[')
+        .and_then(|rest| rest.split_once("] "))
+        .map_or(line, |(_, t)| t)
+        .trim();
+    match text {
+        "NEW UI" => {
+            *in_ui = true;
+            true
+        }
+        "UI closed" => {
+            *in_ui = false;
+            true
+        }
+        "Accepting connection..." => true,
+        _ => *in_ui,
     }
-    if text == "UI closed" {
-        *in_query = false;
-        return true;
-    }
-    *in_query || matches!(text, "Accepting connection..." | "NEW UI")
 }
 
 /// The command the health check sends.
 const HEALTH_QUERY: &str = "get_default_active_thread_percentage";
 
-/// Commands clients sent the daemon that change their limits or stop them, as it logs them.
-type Commands = tokio::sync::mpsc::UnboundedReceiver<crate::tamper::Command>;
+/// The longest line of the daemon's output read: the rest of a longer one (a client's long
+/// command) is dropped.
+const MAX_LINE: u64 = 8192;
 
-fn spawn(config: &SupervisorConfig, uuid: &str, last: &LastWords) -> std::io::Result<(Child, Commands)> {
-    let (commands, heard) = tokio::sync::mpsc::unbounded_channel();
+/// Reads the next line of `reader` into `buf`, without its newline and cut to [`MAX_LINE`]
+/// bytes, whatever bytes it holds; false at the end.
+async fn next_line<R: AsyncBufRead + Unpin>(reader: &mut R, buf: &mut Vec<u8>) -> std::io::Result<bool> {
+    buf.clear();
+    if (&mut *reader).take(MAX_LINE).read_until(b'\n', buf).await? == 0 {
+        return Ok(false);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        return Ok(true);
+    }
+    // Cut short (or the last line): the rest of it is dropped.
+    loop {
+        let chunk = reader.fill_buf().await?;
+        match chunk.iter().position(|&b| b == b'\n') {
+            _ if chunk.is_empty() => return Ok(true),
+            Some(at) => {
+                reader.consume(at + 1);
+                return Ok(true);
+            }
+            None => {
+                let all = chunk.len();
+                reader.consume(all);
+            }
+        }
+    }
+}
+
+fn spawn(config: &SupervisorConfig, uuid: &str, last: &LastWords) -> std::io::Result<(Child, Arc<Tally>)> {
+    let tally = Arc::new(Tally::default());
     let mut child = Command::new(&config.exec_self)
         .arg("exec-daemon")
         .arg("--shm")
@@ -246,7 +287,7 @@ fn spawn(config: &SupervisorConfig, uuid: &str, last: &LastWords) -> std::io::Re
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()?;
-    // The daemon's own output, as log lines naming its card.
+    // The daemon's own output, as log lines naming its card; the commands in it, told.
     for stream in [
         child
             .stdout
@@ -262,24 +303,25 @@ fn spawn(config: &SupervisorConfig, uuid: &str, last: &LastWords) -> std::io::Re
     {
         let uuid = uuid.to_string();
         let last = last.clone();
-        let commands = commands.clone();
+        let tally = tally.clone();
         tokio::spawn(async move {
-            let mut lines = BufReader::new(stream).lines();
-            let mut in_query = false;
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(c) = crate::tamper::Command::in_log(&line) {
-                    let _ = commands.send(c);
-                }
-                if chatter(&line, &mut in_query) {
+            let mut reader = BufReader::new(stream);
+            let mut buf = Vec::new();
+            let mut in_ui = false;
+            // Any bytes a client sends are logged back: a line that is no UTF-8 is read too.
+            while let Ok(true) = next_line(&mut reader, &mut buf).await {
+                let line = String::from_utf8_lossy(&buf);
+                let command = tally.hear(&line);
+                if chatter(&line, &mut in_ui) || command.is_some() {
                     debug!(uuid, "mps-control: {line}");
                 } else {
                     info!(uuid, "mps-control: {line}");
-                    *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(line);
+                    *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(line.into_owned());
                 }
             }
         });
     }
-    Ok((child, heard))
+    Ok((child, tally))
 }
 
 /// How one run of a daemon ended.
@@ -323,11 +365,11 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
                 ready_for: Duration::ZERO,
             },
             Ok(()) => match prepared.and_then(|()| spawn(&config, &uuid, &last)) {
-                Ok((child, heard)) => {
+                Ok((child, tally)) => {
                     state.pid = child.id();
                     write(&config, &uuid, &state);
                     info!(uuid, pid = state.pid, restarts, "MPS daemon started");
-                    run(&config, &uuid, (child, heard), &mut state, &mut stop, &last).await
+                    run(&config, &uuid, (child, tally), &mut state, &mut stop, &last).await
                 }
                 Err(e) => Ended::Failed {
                     reason: format!("cannot start: {e}"),
@@ -474,60 +516,13 @@ fn with_last_words(reason: String, last: &LastWords) -> String {
 async fn run(
     config: &SupervisorConfig,
     uuid: &str,
-    (mut child, mut heard): (Child, Commands),
+    (mut child, tally): (Child, Arc<Tally>),
     state: &mut MpsState,
     stop: &mut watch::Receiver<bool>,
     last: &LastWords,
 ) -> Ended {
-    let query = HEALTH_QUERY;
-    // Starting: until the daemon answers.
-    let deadline = Instant::now() + config.start_timeout;
-    let mut last_err = String::from("no answer yet");
-    loop {
-        if Instant::now() > deadline {
-            let _ = child.kill().await;
-            return Ended::Failed {
-                reason: format!("did not answer within {}s: {last_err}", config.start_timeout.as_secs()),
-                ready_for: Duration::ZERO,
-            };
-        }
-        tokio::select! {
-            _ = stop.changed() => return stop_daemon(config, uuid, child, state).await,
-            status = child.wait() => {
-                let reason = format!("exited while starting ({})", describe(status));
-                // Its output may still be on the way.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                return Ended::Failed {
-                    reason: with_last_words(reason, last),
-                    ready_for: Duration::ZERO,
-                };
-            }
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {
-                match config.binaries.command(&config.layout, uuid, query, config.command_timeout).await {
-                    Ok(_) => break,
-                    Err(e) => last_err = e,
-                }
-            }
-        }
-    }
-    // The ceiling first: a client of a card's shares never meets a daemon without one, and a
-    // daemon that does not take it is not used.
-    state.ceiling = None;
-    sync_ceiling(config, uuid, state).await;
-    if state.ceiling.is_none() {
-        let _ = child.kill().await;
-        return Ended::Failed {
-            reason: "the daemon did not take the card's MPS ceiling (see the log)".into(),
-            ready_for: Duration::ZERO,
-        };
-    }
-    // Only now do share containers see the daemon's socket.
-    if let Err(e) = crate::card_dirs::publish(&config.layout, uuid) {
-        let _ = child.kill().await;
-        return Ended::Failed {
-            reason: format!("cannot link the daemon's control socket for its clients: {e}"),
-            ready_for: Duration::ZERO,
-        };
+    if let Some(ended) = start(config, uuid, (&mut child, &tally), state, stop, last).await {
+        return ended;
     }
     let ready_since = Instant::now();
     state.phase = DaemonPhase::Ready;
@@ -535,6 +530,7 @@ async fn run(
     write(config, uuid, state);
     info!(uuid, pid = state.pid, ceiling = ?state.ceiling, "MPS daemon ready");
     let mut missed = 0;
+    let mut stops_reported = None;
     // Intervals, not sleeps in the select: a sleep made anew each turn would never end while
     // the other branch keeps firing.
     let mut ceiling_tick = tokio::time::interval(CEILING_EVERY);
@@ -544,77 +540,182 @@ async fn run(
     }
     loop {
         tokio::select! {
-            _ = stop.changed() => return stop_daemon(config, uuid, child, state).await,
+            _ = stop.changed() => return stop_daemon(config, uuid, &mut child, state).await,
             status = child.wait() => return Ended::Failed {
                 reason: format!("exited ({})", describe(status)),
                 ready_for: ready_since.elapsed(),
             },
-            _ = ceiling_tick.tick() => sync_ceiling(config, uuid, state).await,
-            Some(cmd) = heard.recv() => {
-                if let crate::tamper::Command::Stop(c) = &cmd {
-                    warn!(uuid, command = c, "a client of the card stopped MPS work through the control socket (MPS cannot refuse it)");
-                    continue;
-                }
-                let wanted = config.layout.read_ceiling(uuid).ok().flatten().unwrap_or(MpsCeiling::CLOSED);
-                if cmd.breaks(&wanted) {
-                    warn!(uuid, command = ?cmd, "the MPS daemon's limits were changed by a client: setting them again");
-                    // Not held (a client's change raced this one): the ceiling tick tries again,
-                    // and the health check restarts a daemon that keeps refusing it.
+            _ = ceiling_tick.tick() => {
+                sync_ceiling(config, uuid, state, &tally).await;
+                report_stops(uuid, &tally, &mut stops_reported);
+            }
+            () = tally.changed() => {
+                // However many commands came since the last look: one re-apply, one line.
+                let changes = tally.take_changes();
+                if changes.count > 0 {
+                    warn!(
+                        uuid,
+                        commands = changes.count,
+                        last = changes.last.as_str(),
+                        "the MPS daemon's limits may have been changed by a client: setting them again"
+                    );
+                    // Not held (a client's change raced this one): the ceiling tick tries
+                    // again, and the health check restarts a daemon that keeps refusing it.
                     state.ceiling = None;
-                    sync_ceiling(config, uuid, state).await;
+                    sync_ceiling(config, uuid, state, &tally).await;
                 }
             }
             _ = check_tick.tick() => {
-                match config.binaries.defaults(&config.layout, uuid, config.command_timeout).await {
-                    Ok(held) => {
-                        missed = 0;
-                        state.checked_at = unix_secs(SystemTime::now());
-                        // A client may have changed the defaults through the control socket:
-                        // what the daemon holds is checked against what was set.
-                        if let Some(c) = state.ceiling
-                            && !holds(&c, &held)
-                        {
-                            warn!(uuid, held = ?held, ceiling = ?c, "the MPS daemon's limits were changed by a client: setting them again");
-                            state.ceiling = None;
-                            sync_ceiling(config, uuid, state).await;
-                            if state.ceiling.is_none() {
-                                let _ = child.kill().await;
-                                return Ended::Failed {
-                                    reason: "the daemon's limits were changed and could not be set again".into(),
-                                    ready_for: ready_since.elapsed(),
-                                };
-                            }
-                        }
-                        write(config, uuid, state);
-                    }
-                    Err(e) => {
-                        missed += 1;
-                        warn!(uuid, missed, error = e, "MPS daemon check failed");
-                        if missed >= config.max_missed {
-                            let _ = child.kill().await;
-                            return Ended::Failed {
-                                reason: format!("stopped answering: {e}"),
-                                ready_for: ready_since.elapsed(),
-                            };
-                        }
-                    }
+                if let Some(reason) = check(config, uuid, state, &tally, &mut missed).await {
+                    let _ = child.kill().await;
+                    return Ended::Failed { reason, ready_for: ready_since.elapsed() };
                 }
             }
         }
     }
 }
 
+/// Waits for a started daemon to answer, sets its ceiling and links its socket for clients;
+/// how it ended when it did not get that far.
+async fn start(
+    config: &SupervisorConfig,
+    uuid: &str,
+    (child, tally): (&mut Child, &Tally),
+    state: &mut MpsState,
+    stop: &mut watch::Receiver<bool>,
+    last: &LastWords,
+) -> Option<Ended> {
+    let deadline = Instant::now() + config.start_timeout;
+    let mut last_err = String::from("no answer yet");
+    loop {
+        if Instant::now() > deadline {
+            let _ = child.kill().await;
+            return Some(Ended::Failed {
+                reason: format!("did not answer within {}s: {last_err}", config.start_timeout.as_secs()),
+                ready_for: Duration::ZERO,
+            });
+        }
+        tokio::select! {
+            _ = stop.changed() => return Some(stop_daemon(config, uuid, child, state).await),
+            status = child.wait() => {
+                let reason = format!("exited while starting ({})", describe(status));
+                // Its output may still be on the way.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return Some(Ended::Failed {
+                    reason: with_last_words(reason, last),
+                    ready_for: Duration::ZERO,
+                });
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                match config.binaries.command(&config.layout, uuid, HEALTH_QUERY, config.command_timeout).await {
+                    Ok(_) => break,
+                    Err(e) => last_err = e,
+                }
+            }
+        }
+    }
+    // The ceiling first: a client of a card's shares never meets a daemon without one, and a
+    // daemon that does not take it is not used.
+    state.ceiling = None;
+    sync_ceiling(config, uuid, state, tally).await;
+    if state.ceiling.is_none() {
+        let _ = child.kill().await;
+        return Some(Ended::Failed {
+            reason: "the daemon did not take the card's MPS ceiling (see the log)".into(),
+            ready_for: Duration::ZERO,
+        });
+    }
+    // Only now do share containers see the daemon's socket.
+    if let Err(e) = crate::card_dirs::publish(&config.layout, uuid) {
+        let _ = child.kill().await;
+        return Some(Ended::Failed {
+            reason: format!("cannot link the daemon's control socket for its clients: {e}"),
+            ready_for: Duration::ZERO,
+        });
+    }
+    None
+}
+
 /// How often each card's wanted ceiling is looked at (a share waits for it at creation).
 const CEILING_EVERY: Duration = Duration::from_millis(100);
 
-/// Whether the daemon's answers are the ceiling (memory at the resolution it prints).
-fn holds(c: &MpsCeiling, (pct, mem): &(f64, String)) -> bool {
-    (pct - f64::from(c.active_thread_percentage)).abs() < 0.05 && *mem == crate::control::shown(c.pinned_memory_mib)
+/// How often stops made through the control socket are reported at most (counted between).
+const STOPS_REPORTED_EVERY: Duration = Duration::from_secs(1);
+
+/// Reports the stops heard since the last report, unless that was under
+/// [`STOPS_REPORTED_EVERY`] ago.
+fn report_stops(uuid: &str, tally: &Tally, reported: &mut Option<Instant>) {
+    if reported.is_some_and(|at| at.elapsed() < STOPS_REPORTED_EVERY) {
+        return;
+    }
+    let stops = tally.take_stops();
+    if stops.count > 0 {
+        warn!(
+            uuid,
+            commands = stops.count,
+            last = stops.last.as_str(),
+            "a client of the card stopped MPS work through the control socket (MPS cannot refuse it)"
+        );
+        *reported = Some(Instant::now());
+    }
+}
+
+/// One health check: the daemon answers, and holds the ceiling on its defaults and on every
+/// running server (the backstop to the log reader: a client may have changed them through the
+/// control socket). Why the daemon must be restarted, when it must.
+async fn check(
+    config: &SupervisorConfig,
+    uuid: &str,
+    state: &mut MpsState,
+    tally: &Tally,
+    missed: &mut u32,
+) -> Option<String> {
+    let (layout, timeout) = (&config.layout, config.command_timeout);
+    let read = async {
+        let defaults = config.binaries.defaults(layout, uuid, timeout).await?;
+        let servers = config.binaries.server_limits(layout, uuid, timeout).await?;
+        Ok::<_, String>((defaults, servers))
+    };
+    let ((pct, mem), servers) = match read.await {
+        Ok(held) => held,
+        Err(e) => {
+            *missed += 1;
+            warn!(uuid, missed = *missed, error = e, "MPS daemon check failed");
+            return (*missed >= config.max_missed).then(|| format!("stopped answering: {e}"));
+        }
+    };
+    *missed = 0;
+    state.checked_at = unix_secs(SystemTime::now());
+    // Memory is compared at the resolution the daemon prints; the log reader sees the rest.
+    let off = if holds(&state.ceiling, &pct.to_string(), &mem) {
+        servers
+            .into_iter()
+            .find(|(_, p, m)| !holds(&state.ceiling, p, m))
+            .map(|(pid, p, m)| format!("server {pid}: {p:?} and {m:?}"))
+    } else {
+        Some(format!("defaults: {pct}% and {mem:?}"))
+    };
+    if let Some(held) = off {
+        warn!(uuid, held, ceiling = ?state.ceiling, "the MPS daemon's limits were changed by a client: setting them again");
+        state.ceiling = None;
+        sync_ceiling(config, uuid, state, tally).await;
+        if state.ceiling.is_none() {
+            return Some("the daemon's limits were changed and could not be set again".into());
+        }
+    }
+    write(config, uuid, state);
+    None
+}
+
+/// Whether the daemon's answers are the ceiling set (true when none is: nothing to compare).
+fn holds(set: &Option<MpsCeiling>, pct: &str, mem: &str) -> bool {
+    set.as_ref().is_none_or(|c| crate::control::holds(c, pct, mem))
 }
 
 /// Sets the card's wanted ceiling ([`MpsLayout::read_ceiling`], closed when none is written)
-/// on its daemon when it differs from what was set, and records it in the state.
-async fn sync_ceiling(config: &SupervisorConfig, uuid: &str, state: &mut MpsState) {
+/// on its daemon when it differs from what was set, and records it in the state. The log
+/// reader takes the commands sent for it as the supervisor's own from now on.
+async fn sync_ceiling(config: &SupervisorConfig, uuid: &str, state: &mut MpsState, tally: &Tally) {
     let wanted = match config.layout.read_ceiling(uuid) {
         Ok(c) => c.unwrap_or(MpsCeiling::CLOSED),
         Err(e) => {
@@ -625,6 +726,7 @@ async fn sync_ceiling(config: &SupervisorConfig, uuid: &str, state: &mut MpsStat
     if state.ceiling == Some(wanted) {
         return;
     }
+    tally.expect(wanted);
     match config
         .binaries
         .apply_ceiling(&config.layout, uuid, &wanted, config.command_timeout)
@@ -647,7 +749,7 @@ async fn sync_ceiling(config: &SupervisorConfig, uuid: &str, state: &mut MpsStat
     write(config, uuid, state);
 }
 
-async fn stop_daemon(config: &SupervisorConfig, uuid: &str, mut child: Child, state: &mut MpsState) -> Ended {
+async fn stop_daemon(config: &SupervisorConfig, uuid: &str, child: &mut Child, state: &mut MpsState) -> Ended {
     let _ = crate::card_dirs::withdraw(&config.layout, uuid);
     // The real client exits 1 after a `quit` that follows a server failure although the daemon
     // quits: what counts is whether the daemon exits.
@@ -681,6 +783,47 @@ fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_daemons_output_is_read_whatever_its_bytes() {
+        // A client's command comes back in the daemon's log as it was sent: bytes that are no
+        // UTF-8, a line longer than any the daemon writes of its own.
+        let mut out = b"[t Control 1] Cmd:set_default_active_thread_percentage 100 \xff\n".to_vec();
+        out.extend(vec![b'y'; 3 * MAX_LINE as usize]);
+        out.extend(b"\n[t Control 1] UI closed\nno newline");
+        let mut reader = BufReader::with_capacity(64, &out[..]);
+        let (mut buf, mut lines) = (Vec::new(), Vec::new());
+        while next_line(&mut reader, &mut buf).await.unwrap() {
+            lines.push(buf.clone());
+        }
+        assert_eq!(
+            lines,
+            [
+                b"[t Control 1] Cmd:set_default_active_thread_percentage 100 \xff".to_vec(),
+                vec![b'y'; MAX_LINE as usize],
+                b"[t Control 1] UI closed".to_vec(),
+                b"no newline".to_vec(),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_control_connections_lines_are_chatter() {
+        let mut in_ui = false;
+        let chatty: Vec<bool> = [
+            "Starting control daemon using socket /x/control",
+            "Accepting connection...",
+            "NEW UI",
+            "Cmd:set_default_active_thread_percentage 100",
+            "100.0",
+            "UI closed",
+            "Server 12400 exited with status 1",
+        ]
+        .iter()
+        .map(|l| chatter(&format!("[2026-11-24 02:05:10.267 Control 14056] {l}"), &mut in_ui))
+        .collect();
+        assert_eq!(chatty, [false, true, true, true, true, true, false]);
+    }
 
     #[test]
     fn backoff_doubles_up_to_its_cap() {

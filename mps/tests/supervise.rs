@@ -2,7 +2,8 @@
 //! packages, `tests/nvidia/fetch.sh`; the control daemon runs without a GPU): a daemon per card
 //! that can host shares, each with its own /dev/shm; a killed daemon restarted; a hung one
 //! replaced; a start refused by a foreign lock retried with backoff; a clean stop on SIGTERM;
-//! and no daemon outliving a supervisor killed with SIGKILL, nor blocking the next one.
+//! no daemon outliving a supervisor killed with SIGKILL, nor blocking the next one; and a
+//! client's limit changes put back, however they are worded and however many come.
 
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -42,6 +43,11 @@ impl Running {
 
     /// With `args` added to the fixture, backoff, shm size and MPS root.
     fn start_with(root: &Path, fixture: &str, args: &[std::ffi::OsString]) -> Self {
+        Self::start_env(root, fixture, args, &[])
+    }
+
+    /// With `args`, and `env` set for the supervisor (`RUST_LOG`).
+    fn start_env(root: &Path, fixture: &str, args: &[std::ffi::OsString], env: &[(&str, &str)]) -> Self {
         let log = root.join(format!(
             "supervisor-{}.log",
             std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos()
@@ -52,6 +58,7 @@ impl Running {
             .args(args)
             .arg("--mps-root")
             .arg(&layout.root)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -435,15 +442,20 @@ fn ask(layout: &MpsLayout, uuid: &str, cmd: &str, uid: Option<u32>) -> String {
 }
 
 fn ask_in(dir: &Path, cmd: &str, uid: Option<u32>) -> String {
+    ask_raw(Branch::R535, dir, cmd.as_bytes(), uid)
+}
+
+/// [`ask_in`] with the client of `b`, and a command of any bytes.
+fn ask_raw(b: Branch, dir: &Path, cmd: &[u8], uid: Option<u32>) -> String {
     use std::io::Write as _;
     use std::os::unix::process::CommandExt as _;
     // The daemon serves one control connection at a time: a client that meets it busy (the
     // supervisor putting a ceiling back) is told "Cannot send command", or exits 0 having said
     // nothing and done nothing, and tries again. Every command this file sends prints an answer
     // but the memory limit's set.
-    let silent = cmd.starts_with("set_default_device_pinned_mem_limit");
+    let silent = cmd.starts_with(b"set_default_device_pinned_mem_limit");
     for _ in 0..200 {
-        let mut c = Command::new(control(Branch::R535));
+        let mut c = Command::new(control(b));
         c.env("CUDA_MPS_PIPE_DIRECTORY", dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -453,7 +465,9 @@ fn ask_in(dir: &Path, cmd: &str, uid: Option<u32>) -> String {
         }
         let mut child = c.spawn().unwrap();
         // The client exits at once when it finds no daemon: its stdin may be closed by then.
-        let _ = writeln!(child.stdin.take().unwrap(), "{cmd}");
+        let mut stdin = child.stdin.take().unwrap();
+        let _ = stdin.write_all(cmd).and_then(|()| stdin.write_all(b"\n"));
+        drop(stdin);
         let out = child.wait_with_output().unwrap();
         let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if String::from_utf8_lossy(&out.stderr).contains("Cannot send command") || (said.is_empty() && !silent) {
@@ -462,7 +476,7 @@ fn ask_in(dir: &Path, cmd: &str, uid: Option<u32>) -> String {
         }
         return said;
     }
-    panic!("{cmd}: the daemon stayed busy")
+    panic!("{}: the daemon stayed busy", String::from_utf8_lossy(cmd))
 }
 
 #[test]
@@ -541,6 +555,266 @@ fn the_daemon_holds_the_cards_ceiling_and_a_client_cannot_lift_it() {
         s.state(&cards[0]).unwrap().ceiling == Some(odd)
     });
     assert_eq!(defaults(&cards[0]), ("40.0".into(), "1G".into()));
+}
+
+/// A field of a process's `/proc/<pid>/status`, in kB.
+fn proc_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .strip_prefix(':')?
+                .trim()
+                .strip_suffix(" kB")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no {field} for {pid}"))
+}
+
+/// The warnings about card `uuid` in the supervisor's log that say `what`, and how many
+/// commands they say they count.
+fn warned(log: &str, uuid: &str, what: &str) -> (usize, u64) {
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(what) && l.contains(uuid)).collect();
+    let commands = lines
+        .iter()
+        .filter_map(|l| {
+            l.split("commands=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    (lines.len(), commands)
+}
+
+/// The ceiling's re-applies after clients' commands on card `uuid`, and how many commands
+/// they answered.
+fn reapplies(log: &str, uuid: &str) -> (usize, u64) {
+    warned(log, uuid, "changed by a client")
+}
+
+/// A tenant floods its card's daemon with limit changes and server stops through one control
+/// client (the real daemon takes tens of thousands a second on one connection). The supervisor
+/// counts them and puts the ceiling back once per wake-up, not once per command, and reports
+/// stops at most once a second: its memory stays bounded, and within 2 s of the flood's end the
+/// daemon holds the ceiling and the supervisor is quiet.
+fn a_flood_of_limit_changes_is_answered_once(b: Branch) {
+    use std::io::Write as _;
+    use std::os::unix::process::CommandExt as _;
+    use tessera_core::enforcement::MpsCeiling;
+    const N: u64 = 80_000;
+    // One in ten a stop of a server that does not run.
+    const STOPS: u64 = N / 10;
+    let dir = tempfile::tempdir().unwrap();
+    let cards = uuids("t4x2");
+    let card = &cards[0];
+    let s = Running::start_checking(dir.path(), "t4x2", b, 60);
+    s.wait("ready", Duration::from_secs(20), |s| cards.iter().all(|u| s.ready(u)));
+    let c = MpsCeiling {
+        active_thread_percentage: 30,
+        pinned_memory_mib: 8192,
+    };
+    s.layout.write_ceiling(card, &c).unwrap();
+    s.wait("the ceiling held", Duration::from_secs(2), |s| {
+        s.state(card).unwrap().ceiling == Some(c)
+    });
+    let pipe = s.layout.pipe_dir(card);
+    let defaults = || {
+        (
+            ask_raw(b, &pipe, b"get_default_active_thread_percentage", None),
+            ask_raw(b, &pipe, b"get_default_device_pinned_mem_limit 0", None),
+        )
+    };
+    let held = ("30.0".to_string(), "8G".to_string());
+    let supervisor = s.child.id();
+    let rss_before = proc_kb(supervisor, "VmRSS");
+    // 535 takes a default set from any uid; 550 refuses it to one that is not the daemon's, but
+    // logs it all the same.
+    let started = Instant::now();
+    let mut flood = Command::new(control(b))
+        .env("CUDA_MPS_PIPE_DIRECTORY", s.layout.client_dir(card))
+        .uid(65534)
+        .gid(65534)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines: String = (0..N)
+        .map(|i| match i % 10 {
+            0 => "shutdown_server 4242\n",
+            _ => "set_default_active_thread_percentage 100\n",
+        })
+        .collect();
+    flood.stdin.take().unwrap().write_all(lines.as_bytes()).unwrap();
+    assert!(flood.wait().unwrap().success());
+    let ended = Instant::now();
+    let took = ended - started;
+    println!(
+        "{b:?}: {N} commands through one client in {took:.2?} ({:.0}/s)",
+        N as f64 / took.as_secs_f64()
+    );
+    // Each command queued would have grown it by tens of bytes (5 MB for these, 23 MB for 10 s
+    // of a flood): counted, they cost nothing.
+    let grown = || proc_kb(supervisor, "VmHWM").saturating_sub(rss_before);
+    let most = 4 << 10;
+    assert!(
+        grown() < most,
+        "the supervisor grew by {} kB over {rss_before} kB",
+        grown()
+    );
+    // Every command counted, the ceiling held, and no re-apply for the last 500 ms: all within
+    // 2 s of the flood's end (and the 500 ms to see the quiet).
+    let (mut seen, mut since) = ((usize::MAX, 0), Instant::now());
+    let stops = loop {
+        let log = s.log();
+        let (now, stops) = (reapplies(&log, card), warned(&log, card, "stopped MPS work"));
+        if now != seen {
+            (seen, since) = (now, Instant::now());
+        }
+        let holds = defaults();
+        if seen.1 == N - STOPS && stops.1 == STOPS && holds == held && since.elapsed() >= Duration::from_millis(500) {
+            break stops;
+        }
+        assert!(
+            ended.elapsed() < Duration::from_millis(2500),
+            "{:.2?} after the flood: {} re-applies so far, for {} of the {} changes; {} of the {STOPS} stops reported; the daemon holds {holds:?}; the log's end:\n{}",
+            ended.elapsed(),
+            seen.0,
+            seen.1,
+            N - STOPS,
+            stops.1,
+            log.lines().rev().take(10).collect::<Vec<_>>().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!(
+        "{b:?}: {} re-applies and {} reports of stops for {N} commands; peak memory {} kB over the {rss_before} kB before; quiet and held {:.2?} after the flood",
+        seen.0,
+        stops.0,
+        grown(),
+        ended.elapsed() - Duration::from_millis(500)
+    );
+    assert!(seen.0 <= 20, "{} re-applies for one client's flood", seen.0);
+    // At most one report a second, from the flood's first stop to the last report.
+    assert!(
+        stops.0 as f64 <= started.elapsed().as_secs_f64() + 1.0,
+        "{} reports of stops in {:.2?}",
+        stops.0,
+        started.elapsed()
+    );
+    assert!(
+        grown() < most,
+        "the supervisor grew by {} kB over {rss_before} kB",
+        grown()
+    );
+    // The other card's daemon never heard of it.
+    assert_eq!(reapplies(&s.log(), &cards[1]).0, 0);
+}
+
+#[test]
+fn a_flood_of_limit_changes_is_answered_once_535() {
+    a_flood_of_limit_changes_is_answered_once(Branch::R535);
+}
+
+#[test]
+fn a_flood_of_limit_changes_is_answered_once_550() {
+    a_flood_of_limit_changes_is_answered_once(Branch::R550);
+}
+
+/// Whether the supervisor's log shows the daemon taking `own` after the last `theirs` (each a
+/// whole command, as the daemon logged it).
+fn sent_after(log: &str, theirs: &str, own: &str) -> bool {
+    let commands: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split_once("] Cmd:")?.1.rsplit_once(" uuid=").map(|(c, _)| c))
+        .collect();
+    commands
+        .iter()
+        .rposition(|c| *c == theirs)
+        .is_some_and(|at| commands[at..].contains(&own))
+}
+
+/// The daemon reads a command's first word and the numbers after it, ignoring further words,
+/// and prints memory limits back in whole GiB. A client's limit change hidden in its words
+/// (a trailing word, a forged log prefix, bytes that are no UTF-8) is put back within 2 s,
+/// health checks a minute apart; a memory limit that reads back as the ceiling (9215M reads
+/// 8G) too, where no read-back could see it: the daemon logs the supervisor's command after it.
+#[test]
+fn a_limit_change_hidden_in_its_words_is_put_back() {
+    use tessera_core::enforcement::MpsCeiling;
+    let dir = tempfile::tempdir().unwrap();
+    let cards = uuids("t4x2");
+    let card = &cards[0];
+    let args: Vec<std::ffi::OsString> = vec![
+        "--control-binary".into(),
+        control(Branch::R535).into(),
+        "--check-secs".into(),
+        "60".into(),
+    ];
+    // The daemon's output at debug: the commands it took, in order.
+    let s = Running::start_env(
+        dir.path(),
+        "t4x2",
+        &args,
+        &[("RUST_LOG", "info,tessera_mps::supervisor=debug")],
+    );
+    s.wait("ready", Duration::from_secs(20), |s| cards.iter().all(|u| s.ready(u)));
+    let c = MpsCeiling {
+        active_thread_percentage: 30,
+        pinned_memory_mib: 8192,
+    };
+    s.layout.write_ceiling(card, &c).unwrap();
+    s.wait("the ceiling held", Duration::from_secs(2), |s| {
+        s.state(card).unwrap().ceiling == Some(c)
+    });
+    let tenant = s.layout.client_dir(card);
+    let pct = || ask(&s.layout, card, "get_default_active_thread_percentage", None);
+    // Each re-apply is waited for to its end: the daemon is then free for the next command (a
+    // memory limit's set, which answers nothing, could not tell a busy daemon's refusal).
+    let applied = |s: &Running| {
+        s.log()
+            .lines()
+            .filter(|l| l.contains("MPS ceiling set") && l.contains(card.as_str()))
+            .count()
+    };
+    let lifts: [&[u8]; 3] = [
+        b"set_default_active_thread_percentage 100 x",
+        b"set_default_active_thread_percentage 100 ] Cmd:set_default_active_thread_percentage 30",
+        b"set_default_active_thread_percentage 100 \xff",
+    ];
+    for theirs in lifts {
+        let shown = String::from_utf8_lossy(theirs);
+        let before = applied(&s);
+        assert_eq!(ask_raw(Branch::R535, &tenant, theirs, Some(65534)), "100.0", "{shown}");
+        s.wait(
+            &format!("the ceiling restored after {shown:?}"),
+            Duration::from_secs(2),
+            |s| pct() == "30.0" && applied(s) > before,
+        );
+    }
+    for theirs in [
+        "set_default_device_pinned_mem_limit 0 9215M x",
+        "set_default_device_pinned_mem_limit 0 9215M",
+    ] {
+        let before = applied(&s);
+        ask_in(&tenant, theirs, Some(65534));
+        assert_eq!(
+            ask(&s.layout, card, "get_default_device_pinned_mem_limit 0", None),
+            "8G"
+        );
+        s.wait(
+            &format!("the ceiling set after {theirs:?}"),
+            Duration::from_secs(2),
+            |s| sent_after(&s.log(), theirs, "set_default_device_pinned_mem_limit 0 8192M") && applied(s) > before,
+        );
+    }
+    // Each was reported.
+    assert_eq!(reapplies(&s.log(), card).1, 5, "{}", s.log());
 }
 
 /// The real daemon, while another client holds its one control connection, sometimes lets a
