@@ -78,9 +78,10 @@ fn exclusive(d: &AllocatedDevice) -> bool {
 /// held whole. The extender never books that; a node that sees it (books gone wrong, a
 /// replayed or forged record, a claim deallocated while its container still runs) refuses
 /// rather than share an exclusive device. A pod's own containers may reuse its cards (an init
-/// container's card, once it has finished); containers given one device through the same DRA
-/// claim (`claims`: claim uid -> UUIDs it gives) share it by design. Pods are told apart by
-/// UID, not name: a recreated StatefulSet pod is another pod.
+/// container's card, once it has finished); containers given a whole card through the same DRA
+/// claim (`claims`: claim uid -> UUIDs it gives) share it by design, but a share claim serves
+/// one live container at a time, since its limits hold for one container. Pods are told apart
+/// by UID, not name: a recreated StatefulSet pod is another pod.
 pub fn double_grant<'a>(
     live: impl IntoIterator<Item = (&'a str, &'a Granted)>,
     pod_uid: &str,
@@ -89,6 +90,23 @@ pub fn double_grant<'a>(
     claims: &BTreeMap<String, Vec<String>>,
 ) -> Option<String> {
     for (held, t) in live.into_iter().filter(|(_, t)| !t.stopped) {
+        // A share's limits are one container's: a share claim serves one live container at a
+        // time, whatever pod it is in (two would each be held to the whole share).
+        for d in devices.iter().filter(|d| !exclusive(d)) {
+            let uuid = d.uuid();
+            if let Some((claim, _)) = claims
+                .iter()
+                .find(|(claim, uuids)| uuids.iter().any(|u| u == uuid) && t.holds_through(claim, uuid))
+            {
+                return Some(format!(
+                    "container {container:?}: the share of {uuid} that claim {claim} gives is used by container {} of pod {} \
+                     ({held}); a share claim serves one container at a time (its limits hold for one container), so \
+                     give each container a claim of its own",
+                    t.container,
+                    t.pod_key(),
+                ));
+            }
+        }
         if !t.pod_uid.is_empty() && t.pod_uid == pod_uid {
             continue;
         }

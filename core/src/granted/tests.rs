@@ -222,3 +222,40 @@ fn grants_are_kept_for_root_only_and_follow_the_live_containers() {
     store.remove("def456").unwrap();
     assert!(store.list().0.is_empty());
 }
+
+fn share(uuid: &str) -> AllocatedDevice {
+    gpu(uuid, false)
+}
+
+/// A share claim's limits are one container's: a second live container naming it (of the same
+/// pod, or of another pod the claim is reserved for) is refused, naming the first; once the
+/// first has stopped, the share is granted again. A whole card's claim is still shared. Before,
+/// each container got the whole share, and N containers N times its memory.
+#[test]
+fn a_share_claim_serves_one_live_container_at_a_time() {
+    let first = live("uid-1", "a", vec![share("GPU-1")], Some("claim-s"));
+    let books = [("ctr-1", &first)];
+    for pod in ["uid-1", "uid-2"] {
+        let err = double_grant(books, pod, "sidecar", &[share("GPU-1")], &via("claim-s", "GPU-1")).unwrap();
+        assert!(
+            err.contains("claim-s") && err.contains("one container at a time"),
+            "{err}"
+        );
+    }
+    // Another share claim on the same card: two claims, two containers, each its own share.
+    assert_eq!(
+        double_grant(books, "uid-2", "c", &[share("GPU-1")], &via("claim-t", "GPU-1")),
+        None
+    );
+    let stopped = Granted { stopped: true, ..first };
+    assert_eq!(
+        double_grant(
+            [("ctr-1", &stopped)],
+            "uid-2",
+            "c",
+            &[share("GPU-1")],
+            &via("claim-s", "GPU-1")
+        ),
+        None
+    );
+}

@@ -167,6 +167,11 @@ fn a_dra_claims_container_gets_what_the_node_recorded_and_nothing_else() {
     both.annotations
         .insert("tessera.io/allocated.gpu-core".into(), "30".into());
     assert!(refused(&pod("team-a"), &both).contains("ask through one or the other"));
+    // A second container naming the share claim (a sidecar of the same pod) would be held to
+    // the whole share too: refused while the first lives.
+    assert!(
+        refused(&pod("team-a"), &ctr("c8", "u-1", &token)).contains("a share claim serves one container at a time")
+    );
 
     // A whole card's claim reserved for two pods: both get the card (a shared claim is
     // not a double grant).
@@ -420,9 +425,12 @@ impl Node {
     }
 
     /// Every card's MPS daemon ready, holding the ceiling the plugin wants (as the supervisor
-    /// does within 100 ms).
+    /// does within 100 ms), and the CUDA hook installed (as the CDI generator does).
     fn daemons_hold_the_wanted_ceilings(&self) {
         use tessera_core::enforcement::{DaemonPhase, MpsState, unix_secs};
+        let library = self.dir.path().join("libtessera-cuda-hook.so");
+        std::fs::write(&library, b"the hook").unwrap();
+        HookLayout::new(self.dir.path().join("hook")).install(&library).unwrap();
         let mps = self.mps();
         for g in &self.inv.gpus {
             let now = unix_secs(std::time::SystemTime::now());
@@ -486,8 +494,8 @@ impl Node {
 /// tenant writes: a whole card's container that sets 100% and 80 GiB does not lift the ceiling
 /// of the card's shares. Shown with the grant records, and without them (a plugin that kept
 /// none: the pods' verified allocations). Fails when the rebuild reads the environment.
-#[test]
-fn a_restarted_plugin_rebuilds_ceilings_from_what_it_granted_not_from_env() {
+#[tokio::test]
+async fn a_restarted_plugin_rebuilds_ceilings_from_what_it_granted_not_from_env() {
     let node = Node::new();
     node.daemons_hold_the_wanted_ceilings();
     let (share_card, whole_card) = (&node.inv.gpus[0], &node.inv.gpus[1]);
@@ -648,8 +656,8 @@ async fn a_copied_marker_gives_nothing_to_a_pod_the_claim_is_not_reserved_for() 
 /// live shares is refused at start, naming the share it would hold up; the same user starts,
 /// and once the other user's share has stopped, the card takes the new user. Fails without the
 /// check at StartContainer.
-#[test]
-fn a_share_of_another_user_is_refused_at_start() {
+#[tokio::test]
+async fn a_share_of_another_user_is_refused_at_start() {
     let node = Node::new();
     node.daemons_hold_the_wanted_ceilings();
     let card = &node.inv.gpus[2];
