@@ -89,9 +89,10 @@ impl EnforcementArgs {
         })
     }
 
-    /// In hook mode, installs the library on the host before any spec names it.
+    /// In hook and MPS modes, installs the library on the host before any spec names it (on
+    /// MPS nodes it holds a container's processes to its memory together).
     fn install_hook(&self) -> anyhow::Result<()> {
-        if self.share_enforcement == ShareEnforcement::Hook {
+        if self.share_enforcement.preloads_hook() {
             let layout = HookLayout::new(&self.hook_root);
             let changed = layout.install(&self.hook_library).with_context(|| {
                 format!(

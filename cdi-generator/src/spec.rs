@@ -143,15 +143,16 @@ fn common_edits(inv: &NodeInventory, opts: &SpecOptions) -> CdiEdits {
     edits
 }
 
-/// A share device: the card's node and, on MPS nodes, what connects the container to the card's
-/// MPS daemon (its pipe directory, and its shm directory as `/dev/shm`). The limits themselves
-/// come per container from the signed allocation (the NRI plugin adds them).
+/// A share device: the card's node, Tessera's CUDA hook (on hook and MPS nodes) and, on MPS
+/// nodes, what connects the container to the card's MPS daemon (its pipe directory, and its shm
+/// directory as `/dev/shm`). The limits themselves come per container from the signed
+/// allocation (the NRI plugin adds them).
 fn share_edits(gpu: &Gpu, opts: &SpecOptions) -> CdiEdits {
     let mut edits = CdiEdits {
         device_nodes: vec![node(&gpu.device, opts)],
         ..Default::default()
     };
-    if opts.enforcement == ShareEnforcement::Hook {
+    if opts.enforcement.preloads_hook() {
         // Preloaded into every process of the container by the mounted ld.so.preload (which
         // the container's env cannot undo); its limits come per container from the plugin.
         edits.mounts.push(ro_bind(

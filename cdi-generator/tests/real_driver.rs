@@ -187,6 +187,10 @@ fn mps_directories_not_made_yet_do_not_hold_the_spec_back() {
     let host = u.root(Branch::R550, Layout::Operator);
     let out = tempfile::tempdir().unwrap();
     let mps = out.path().join("mps-not-yet");
+    // MPS nodes preload the CUDA hook too (it holds a share's processes to its memory together).
+    let library = out.path().join("libtessera-cuda-hook.so");
+    std::fs::write(&library, b"the hook").unwrap();
+    let hook_root = out.path().join("hook");
     let (code, _, err) = generate(&[
         "--fixture",
         "t4x2",
@@ -194,6 +198,10 @@ fn mps_directories_not_made_yet_do_not_hold_the_spec_back() {
         "mps",
         "--mps-root",
         mps.to_str().unwrap(),
+        "--hook-root",
+        hook_root.to_str().unwrap(),
+        "--hook-library",
+        library.to_str().unwrap(),
         "--no-driver-bundle",
         "--out-dir",
         out.path().to_str().unwrap(),
@@ -209,6 +217,10 @@ fn mps_directories_not_made_yet_do_not_hold_the_spec_back() {
         "the share devices mount the MPS directories"
     );
     assert!(!mps.exists());
+    assert!(
+        text.contains("/etc/ld.so.preload"),
+        "the share devices preload the hook"
+    );
 }
 
 #[test]

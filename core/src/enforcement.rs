@@ -38,6 +38,13 @@ pub enum ShareEnforcement {
 }
 
 impl ShareEnforcement {
+    /// Whether share containers get Tessera's CUDA hook preloaded: in hook mode it holds them
+    /// to their whole share; on MPS nodes to their memory, all their processes together (MPS
+    /// limits each process alone).
+    pub fn preloads_hook(self) -> bool {
+        matches!(self, Self::Hook | Self::Mps)
+    }
+
     /// Whether this mode holds shares to their limits.
     pub fn enforces(self) -> bool {
         matches!(self, ShareEnforcement::Mps | ShareEnforcement::Hook)
@@ -309,7 +316,7 @@ impl HookLayout {
         for p in [self.library(), self.preload()] {
             if !p.is_file() {
                 return Err(format!(
-                    "the CUDA hook is not installed ({} is missing: is tessera-cdi-generator running in hook mode?)",
+                    "the CUDA hook is not installed ({} is missing: is tessera-cdi-generator running in hook or mps mode?)",
                     p.display()
                 ));
             }

@@ -641,7 +641,8 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
             ..Default::default()
         },
     ];
-    let hook_mode = opts.share_enforcement == ShareEnforcement::Hook;
+    // Hook mode, and MPS nodes (the hook holds a share's processes to its memory together).
+    let hook_mode = opts.share_enforcement.preloads_hook();
     // The runtime's NRI socket: its directory is mounted at /var/run/nri (a runtime restart
     // recreates the socket).
     let (nri_socket_dir, nri_socket_name) = opts
@@ -724,7 +725,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                                     // Per-version driver bundles, mounted once by share devices.
                                     mount("driver-bundles", DEFAULT_BUNDLE_ROOT, false),
                                 ],
-                                // Hook mode: installs the CUDA hook on the host.
+                                // Hook and MPS modes: installs the CUDA hook on the host.
                                 hook_mode
                                     .then(|| mount("hook", DEFAULT_HOOK_ROOT, false))
                                     .into_iter()
@@ -772,7 +773,7 @@ pub fn objects(opts: &ManifestOptions) -> Vec<serde_json::Value> {
                                     mount("mps", DEFAULT_MPS_ROOT, false),
                                     // What each container was granted (the DRA plugin reads it).
                                     mount("grants", tessera_core::granted::DEFAULT_GRANTS_DIR, false),
-                                    // Hook mode: each share container's limits are written here.
+                                    // Hook and MPS modes: each share container's limits are written here.
                                     mount("hook", DEFAULT_HOOK_ROOT, !hook_mode),
                                 ]
                                 .into_iter()

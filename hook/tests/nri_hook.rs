@@ -51,10 +51,18 @@ fn node(root: &Path) -> anyhow::Result<NodeInventory> {
     Ok(inv)
 }
 
-/// An image with the client and the C library it needs (from this machine).
+/// An image with the client, busybox's shell (to run several clients in one container) and the
+/// C library they need (from this machine).
 fn image(work: &Path) -> anyhow::Result<std::path::PathBuf> {
     let rootfs = work.join("rootfs");
     std::fs::create_dir_all(rootfs.join("bin"))?;
+    std::fs::copy(
+        tessera_tests::containerd::Runtimes::get()?.busybox(),
+        rootfs.join("bin/busybox"),
+    )?;
+    for applet in ["sh", "wait", "sleep", "cat"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet))?;
+    }
     std::fs::create_dir_all(rootfs.join("tmp"))?;
     let client = common::built().lib_dir.join("client_dl");
     std::fs::copy(&client, rootfs.join("bin/client"))?;
@@ -334,4 +342,100 @@ fn walk(dir: &Path) -> Vec<std::fs::DirEntry> {
         }
     }
     out
+}
+
+/// On MPS nodes a share container's processes together stay within its memory: MPS limits each
+/// process alone (three processes of a 30% + 8 GiB share held 21,504 MiB on an H100 with driver
+/// 580), so the hook is preloaded there too and holds the container's memory as one budget,
+/// whatever its processes' count. Three processes of one 4 GiB share fill at once, here with
+/// the fake driver (which knows nothing of MPS) and a stand-in for the card's daemon (the rule
+/// is the hook's and the NRI plugin's). Without the hook on MPS nodes they hold three times the
+/// share.
+async fn mps_mode_holds_a_containers_processes_together(version: Version) -> anyhow::Result<()> {
+    use tessera_core::enforcement::MpsLayout;
+    let mut c = Containerd::start(version).await?;
+    let work = tempfile::tempdir()?;
+    let inv = node(work.path())?;
+    c.import_image(&image(work.path())?)?;
+    let hook = HookLayout::new(work.path().join("hook"));
+    assert!(hook.install(&common::hook_lib())?);
+    let mps = MpsLayout::new(work.path().join("mps"));
+    let _daemons = tessera_tests::mps::stand_in_daemons(mps.clone(), inv.gpus.iter().map(|g| g.uuid.clone()).collect());
+    let opts = SpecOptions {
+        dev_root: work.path().join("host"),
+        enforcement: ShareEnforcement::Mps,
+        hook: hook.clone(),
+        mps: mps.clone(),
+        ..Default::default()
+    };
+    write_spec(&c.cdi_dir(), SPEC_FILE, &spec::render(&inv, &opts)?.1)?;
+    let keys = SigningKeys::new("k1", [("k1".to_string(), vec![3u8; 32])])?;
+    let plugin = Arc::new(TesseraPlugin::new(PluginConfig {
+        node: NODE.into(),
+        keys: keys.verifying(),
+        cdi_dirs: vec![c.cdi_dir()],
+        enforcement: ShareEnforcement::Mps,
+        mps: mps.clone(),
+        hook: hook.clone(),
+        claims: Default::default(),
+    }));
+    let mut synced = plugin.synchronized();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let id = Identity {
+        name: "tessera".into(),
+        idx: "10".into(),
+    };
+    let task = tokio::spawn(session::run_external(c.nri_socket(), id, plugin, async move {
+        let _ = stop_rx.await;
+    }));
+    tokio::time::timeout(Duration::from_secs(15), synced.wait_for(|n| *n > 0)).await??;
+    let share = AllocatedDevice::share(&inv.gpus[0], 30, 4096);
+    let p = pod(&mut c, &keys, "three", share).await?;
+    let amounts = [("gpu-core", "30"), ("gpu-memory", "4"), ("gpu-memory-mib", "4096")];
+    let three = (0..3)
+        .map(|_| "/bin/client fill 256 3000 &")
+        .collect::<Vec<_>>()
+        .join(" ");
+    let spec = amounts.iter().fold(
+        ContainerSpec::new("main", &["sh", "-c", &format!("{three} wait")])
+            .image(IMAGE)
+            .env("FAKE_GPU_STATE", "/tmp/fake-gpu")
+            .env("FAKE_GPU_MEMORY_MIB", "16384"),
+        |s, (k, v)| s.annotation(&format!("tessera.io/allocated.{k}"), v),
+    );
+    let cid = c.create_container(&p, spec).await?;
+    let oci = c.oci_spec(&cid).await?;
+    assert_eq!(
+        oci.annotations()
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_ENFORCED_BY))
+            .map(String::as_str),
+        Some("mps")
+    );
+    let (code, out) = c.run_to_exit(&cid).await?;
+    assert_eq!(code, 0, "{out}");
+    let each: Vec<u64> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("allocated_mib="))
+        .map(|v| v.trim().parse().unwrap())
+        .collect();
+    assert_eq!(each.len(), 3, "{out}");
+    let together: u64 = each.iter().sum();
+    assert!(
+        (3584..=4096).contains(&together),
+        "three processes of a 4 GiB share held {together} MiB together ({each:?})"
+    );
+    let _ = stop_tx.send(());
+    task.await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mps_mode_holds_a_containers_processes_together_on_containerd_1_7() -> anyhow::Result<()> {
+    mps_mode_holds_a_containers_processes_together(Version::V1_7).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mps_mode_holds_a_containers_processes_together_on_containerd_2() -> anyhow::Result<()> {
+    mps_mode_holds_a_containers_processes_together(Version::V2).await
 }

@@ -144,10 +144,14 @@ async fn mps(version: Version) -> anyhow::Result<()> {
     let root = tempfile::tempdir()?;
     let inv = fake_node("h100x8", root.path())?;
     let layout = MpsLayout::new(root.path().join("mps"));
+    // MPS nodes preload the CUDA hook (what it holds is hook/tests/nri_hook.rs's to show).
+    let hook = tessera_core::enforcement::HookLayout::new(root.path().join("hook"));
+    tessera_tests::mps::install_placeholder_hook(&hook)?;
     let opts = SpecOptions {
         dev_root: root.path().join("host"),
         enforcement: ShareEnforcement::Mps,
         mps: layout.clone(),
+        hook: hook.clone(),
         ..Default::default()
     };
     write_spec(&c.cdi_dir(), SPEC_FILE, &spec::render(&inv, &opts)?.1)?;
@@ -160,7 +164,7 @@ async fn mps(version: Version) -> anyhow::Result<()> {
             cdi_dirs: vec![cdi_dir.clone()],
             enforcement,
             mps: layout.clone(),
-            hook: Default::default(),
+            hook: hook.clone(),
             claims: Default::default(),
         }))
     };

@@ -117,6 +117,15 @@ fn check_enforcement(opts: &CheckOptions) -> Finding {
                     "mps: no share device in the CDI spec, so no daemon is needed yet",
                 );
             }
+            if let Err(e) = opts.hook.ready() {
+                return finding(
+                    Level::Fail,
+                    what,
+                    format!(
+                        "mps: {e} (it holds a share's processes to its memory together); shares are refused until it is"
+                    ),
+                );
+            }
             let now = std::time::SystemTime::now();
             let down: Vec<String> = cards.iter().filter_map(|u| opts.mps.ready(u, now).err()).collect();
             if down.is_empty() {

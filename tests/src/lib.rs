@@ -9,6 +9,7 @@ pub mod fetched;
 pub mod gpu_cluster;
 pub mod http;
 pub mod kubelet;
+pub mod mps;
 pub mod nvidia;
 pub mod uds;
 

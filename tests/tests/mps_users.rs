@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
-use tessera_core::enforcement::{DaemonPhase, MpsCeiling, MpsLayout, MpsState, ShareEnforcement, unix_secs};
+use tessera_core::enforcement::{HookLayout, MpsLayout, ShareEnforcement};
 use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
 use tessera_core::request::ContainerRole;
@@ -49,46 +49,23 @@ fn share(uid: i64) -> ContainerSpec {
         .user(uid)
 }
 
-/// Every card's daemon ready and holding the wanted ceiling, as the supervisor keeps it, until
-/// the returned sender is dropped.
-fn stand_in_daemons(layout: MpsLayout, cards: Vec<String>) -> std::sync::mpsc::Sender<()> {
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_millis(20)) {
-            for uuid in &cards {
-                for dir in [layout.client_dir(uuid), layout.shm_dir(uuid)] {
-                    let _ = std::fs::create_dir_all(dir);
-                }
-                let now = unix_secs(std::time::SystemTime::now());
-                let state = MpsState {
-                    phase: DaemonPhase::Ready,
-                    pid: Some(1),
-                    restarts: 0,
-                    started_at: now,
-                    checked_at: now,
-                    reason: None,
-                    ceiling: Some(layout.read_ceiling(uuid).ok().flatten().unwrap_or(MpsCeiling::CLOSED)),
-                };
-                let _ = layout.write_state(uuid, &state);
-            }
-        }
-    });
-    tx
-}
-
 async fn one_user_per_card(version: Version) -> anyhow::Result<()> {
     let mut c = Containerd::start(version).await?;
     let root = tempfile::tempdir()?;
     let inv = fake_node("h100x8", root.path())?;
     let layout = MpsLayout::new(root.path().join("mps"));
+    let hook = HookLayout::new(root.path().join("hook"));
+    tessera_tests::mps::install_placeholder_hook(&hook)?;
     let opts = SpecOptions {
         dev_root: root.path().join("host"),
         enforcement: ShareEnforcement::Mps,
         mps: layout.clone(),
+        hook: hook.clone(),
         ..Default::default()
     };
     write_spec(&c.cdi_dir(), SPEC_FILE, &spec::render(&inv, &opts)?.1)?;
-    let _daemons = stand_in_daemons(layout.clone(), inv.gpus.iter().map(|g| g.uuid.clone()).collect());
+    let _daemons =
+        tessera_tests::mps::stand_in_daemons(layout.clone(), inv.gpus.iter().map(|g| g.uuid.clone()).collect());
     let keys = SigningKeys::new("k1", [("k1".to_string(), vec![5u8; 32])])?;
     let plugin = Arc::new(TesseraPlugin::new(PluginConfig {
         node: NODE.into(),
@@ -96,7 +73,7 @@ async fn one_user_per_card(version: Version) -> anyhow::Result<()> {
         cdi_dirs: vec![c.cdi_dir()],
         enforcement: ShareEnforcement::Mps,
         mps: layout.clone(),
-        hook: Default::default(),
+        hook,
         claims: Default::default(),
     }));
     let mut synced = plugin.synchronized();

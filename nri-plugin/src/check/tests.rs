@@ -183,10 +183,11 @@ fn mps_nodes_need_a_ready_daemon_per_shared_card() {
     std::fs::create_dir_all(&cdi).unwrap();
     let inv = FixtureSource::new("t4x2").discover().unwrap();
     let layout = MpsLayout::new(dir.path().join("mps"));
+    let hook = HookLayout::new(dir.path().join("hook"));
     let opts = tessera_cdi_generator::spec::SpecOptions {
         enforcement: ShareEnforcement::Mps,
         mps: layout.clone(),
-        hook: HookLayout::default(),
+        hook: hook.clone(),
         ..Default::default()
     };
     let (_, text) = tessera_cdi_generator::spec::render(&inv, &opts).unwrap();
@@ -203,9 +204,16 @@ fn mps_nodes_need_a_ready_daemon_per_shared_card() {
             dev_root: dir.path().to_path_buf(),
             enforcement: ShareEnforcement::Mps,
             mps: layout.clone(),
-            hook: HookLayout::default(),
+            hook: hook.clone(),
         })
     };
+    // The CUDA hook holds a share's processes to its memory together: not installed, refused.
+    let f = check();
+    assert_eq!(f.level, Level::Fail, "{f}");
+    assert!(f.detail.contains("the CUDA hook is not installed"), "{f}");
+    let library = dir.path().join("libtessera-cuda-hook.so");
+    std::fs::write(&library, b"the hook").unwrap();
+    hook.install(&library).unwrap();
     let f = check();
     assert_eq!(f.level, Level::Fail, "{f}");
     assert!(f.detail.contains("2 of 2 card daemon(s) not ready"), "{f}");

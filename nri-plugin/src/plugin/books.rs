@@ -169,7 +169,7 @@ impl TesseraPlugin {
             if let Some(s) = self.books.remove(&c.id).and_then(|t| t.mps_share) {
                 self.set_ceiling(&s.uuid);
             }
-            if self.config.enforcement == ShareEnforcement::Hook {
+            if self.config.enforcement.preloads_hook() {
                 self.pids.stop(&c.id);
                 let _ = std::fs::remove_dir_all(self.config.hook.container_dir(&c.id));
             }
@@ -289,7 +289,7 @@ impl TesseraPlugin {
             .collect();
         info!(containers = containers.len(), with_gpus = rebuilt.len(), "synchronized");
         let live: std::collections::HashSet<String> = containers.iter().map(|c| c.id.clone()).collect();
-        if self.config.enforcement == ShareEnforcement::Hook {
+        if self.config.enforcement.preloads_hook() {
             // Removals missed while disconnected: drop the hook files of containers gone.
             self.config.hook.forget_except(&live);
             // And a restarted plugin answers again on the sockets of those that remain.

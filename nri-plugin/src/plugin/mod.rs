@@ -156,7 +156,12 @@ impl TesseraPlugin {
         env: &[String],
     ) -> Result<Injection, injection::InjectionError> {
         let ready = |uuid: &str| match self.config.enforcement {
-            ShareEnforcement::Mps => self.config.mps.ready(uuid, std::time::SystemTime::now()),
+            // The daemon holds each process; the hook holds the processes together.
+            ShareEnforcement::Mps => self
+                .config
+                .mps
+                .ready(uuid, std::time::SystemTime::now())
+                .and_then(|()| self.config.hook.ready()),
             ShareEnforcement::Hook => self.config.hook.ready(),
             ShareEnforcement::None | ShareEnforcement::Unknown => Ok(()),
         };
@@ -263,12 +268,21 @@ impl TesseraPlugin {
             self.set_ceiling(&limits.uuid);
         }
         let mut adj = adjust::grant(&grant, &edits, &container.env);
-        if grant.enforced_by == Some(ShareEnforcement::Hook)
+        if let Some(mode) = grant.enforced_by.filter(|m| m.preloads_hook())
             && let Some(limits) = &grant.share
         {
             // The container's limits, read-only; the accounting its processes share, in a
-            // small tmpfs of its own; the socket that tells each process its host pid.
-            let files = self.config.hook.prepare(&container.id, limits).map_err(|e| {
+            // small tmpfs of its own; the socket that tells each process its host pid. On MPS
+            // nodes the hook holds memory only: the daemon caps each process's SMs (and NVML
+            // gives MPS clients' SM use to the server, so the hook could not measure it).
+            let limits = match mode {
+                ShareEnforcement::Mps => tessera_core::enforcement::ShareLimits {
+                    core_limit: 100,
+                    ..limits.clone()
+                },
+                _ => limits.clone(),
+            };
+            let files = self.config.hook.prepare(&container.id, &limits).map_err(|e| {
                 format!(
                     "container {:?}: cannot write its CUDA hook configuration under {}: {e}",
                     container.name,
