@@ -442,26 +442,57 @@ fn check_driver(opts: &CheckOptions) -> Finding {
 }
 
 fn check_keys(dir: &Path) -> Finding {
-    match VerifyingKeys::from_dir(dir) {
-        Ok(k) if k.key_ids().next().is_none() => finding(
+    use tessera_core::handoff::KeyKind;
+    let what = "hand-off keys";
+    let mount = "mount the tessera-handoff-public-keys Secret; docs/operations.md";
+    let kinds = match VerifyingKeys::kinds_in(dir) {
+        Ok(k) => k,
+        Err(e) => return finding(Level::Fail, what, format!("{e} ({mount})")),
+    };
+    if kinds.is_empty() {
+        return finding(Level::Fail, what, format!("no key in {} ({mount})", dir.display()));
+    }
+    let of = |kind| {
+        kinds
+            .iter()
+            .filter(|(_, k)| *k == kind)
+            .map(|(id, _)| id.as_str())
+            .collect::<Vec<_>>()
+    };
+    let private = of(KeyKind::Ed25519Private);
+    if !private.is_empty() {
+        return finding(
             Level::Fail,
-            "hand-off keys",
+            what,
             format!(
-                "no key in {} (mount the tessera-handoff-public-keys Secret; docs/operations.md)",
+                "{} in {} is the extender's private key: whoever holds it can sign allocations, so no node may; \
+                 put only the public half on nodes (`openssl pkey -in k1.pem -pubout`, {mount})",
+                private.join(", "),
                 dir.display()
             ),
-        ),
-        Ok(k) => finding(
-            Level::Ok,
-            "hand-off keys",
-            format!("verifying with {}", k.key_ids().collect::<Vec<_>>().join(", ")),
-        ),
-        Err(e) => finding(
-            Level::Fail,
-            "hand-off keys",
-            format!("{e} (mount the tessera-handoff-public-keys Secret; docs/operations.md)"),
-        ),
+        );
     }
+    let hmac = of(KeyKind::HmacSecret);
+    if !hmac.is_empty() {
+        return finding(
+            Level::Warn,
+            what,
+            format!(
+                "{} read as shared HMAC secret(s) (not PEM): a node holding one can sign v1 allocations; \
+                 move to Ed25519 keys (docs/operations.md, \"From an HMAC key\"). Verifying with {}",
+                hmac.join(", "),
+                kinds.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+        );
+    }
+    finding(
+        Level::Ok,
+        what,
+        format!(
+            "verifying with Ed25519 public key(s) {}",
+            kinds.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>().join(", ")
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -172,6 +172,19 @@ fn node_name(arg: Option<String>) -> anyhow::Result<String> {
 async fn plugin(args: &RunArgs) -> anyhow::Result<Arc<TesseraPlugin>> {
     let keys = VerifyingKeys::from_dir(&args.keys_dir)
         .with_context(|| format!("loading hand-off keys from {}", args.keys_dir.display()))?;
+    let private: Vec<String> = VerifyingKeys::kinds_in(&args.keys_dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(_, k)| *k == tessera_core::handoff::KeyKind::Ed25519Private)
+        .map(|(id, _)| id)
+        .collect();
+    if !private.is_empty() {
+        tracing::error!(
+            keys = ?private,
+            dir = %args.keys_dir.display(),
+            "the extender's private key is on this node: whoever holds it can sign allocations; mount only the public keys (tessera-nri-plugin check fails until then)"
+        );
+    }
     let mut plugin = TesseraPlugin::new(PluginConfig {
         node: node_name(args.node_name.clone())?,
         keys,

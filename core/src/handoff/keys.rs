@@ -41,6 +41,15 @@ pub enum KeyError {
     /// The active key id names no key.
     #[error("active key {0:?} is not among the keys")]
     NoActiveKey(String),
+    /// The key directory has no `active` file, or an empty one: no key is named to sign.
+    #[error(
+        "{}: no active key is named (the file is missing or empty; it holds the id of the key that signs, e.g. `k1`)",
+        path.display()
+    )]
+    NoActive {
+        /// The `active` file.
+        path: PathBuf,
+    },
     /// A PEM key that is not an Ed25519 private (PKCS#8) or public (SPKI) key.
     #[error("key {key_id:?} is not an Ed25519 key in PEM: {reason}")]
     BadPem { key_id: String, reason: String },
@@ -63,6 +72,17 @@ pub struct SignedAllocation {
     pub allocation: String,
     /// `tessera.io/allocation-signature`.
     pub signature: String,
+}
+
+/// What a key file holds, as a node's check reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// An Ed25519 public key (SPKI PEM): verifies, cannot sign. What nodes hold.
+    Ed25519Public,
+    /// An Ed25519 private key (PKCS#8 PEM): signs. Only the extender may hold it.
+    Ed25519Private,
+    /// A shared HMAC secret (raw bytes): signs and verifies; the older kind, being moved from.
+    HmacSecret,
 }
 
 /// One key: a shared HMAC secret, or an Ed25519 public key with, on the extender, its pair.
@@ -95,6 +115,12 @@ impl Key {
                     len: bytes.len(),
                 });
             }
+            if let Some(what) = unarmoured_key(&bytes) {
+                return Err(bad(&format!(
+                    "it is {what} in base64 without its PEM lines (`-----BEGIN ...-----`): write the file \
+                     `openssl` made, whole"
+                )));
+            }
             return Ok(Key::Hmac(bytes));
         };
         let (label, der) = pem_body(text).ok_or_else(|| bad("no PEM block"))?;
@@ -126,6 +152,25 @@ impl Key {
             },
             hmac => hmac.clone(),
         }
+    }
+}
+
+/// What an Ed25519 key in base64 DER without its PEM lines is (a Secret made from a key's
+/// body alone), if `bytes` is one; random bytes (an HMAC secret) are none.
+fn unarmoured_key(bytes: &[u8]) -> Option<&'static str> {
+    use base64::engine::general_purpose::STANDARD;
+    let text: String = std::str::from_utf8(bytes)
+        .ok()?
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    let der = STANDARD.decode(text).ok()?;
+    if der.starts_with(&ED25519_SPKI_PREFIX) {
+        Some("an Ed25519 public key")
+    } else if Ed25519KeyPair::from_pkcs8_maybe_unchecked(&der).is_ok() {
+        Some("an Ed25519 private key")
+    } else {
+        None
     }
 }
 
@@ -249,6 +294,23 @@ impl VerifyingKeys {
         Ok(Self { keys: map })
     }
 
+    /// What each key file of key directory `dir` holds (a node's check tells a public key from a
+    /// private one, which no node should hold, and from an HMAC secret).
+    pub fn kinds_in(dir: &Path) -> Result<Vec<(String, KeyKind)>, KeyError> {
+        let (_, mut keys) = read_dir(dir)?;
+        keys.sort();
+        keys.into_iter()
+            .map(|(id, bytes)| {
+                let kind = match Key::parse(&id, bytes)? {
+                    Key::Hmac(_) => KeyKind::HmacSecret,
+                    Key::Ed25519 { pair: Some(_), .. } => KeyKind::Ed25519Private,
+                    Key::Ed25519 { pair: None, .. } => KeyKind::Ed25519Public,
+                };
+                Ok((id, kind))
+            })
+            .collect()
+    }
+
     /// Reads a key directory (see [`SigningKeys::from_dir`]); `active` is not needed, and a
     /// private key only lends its public half.
     pub fn from_dir(dir: &Path) -> Result<Self, KeyError> {
@@ -348,7 +410,10 @@ impl SigningKeys {
     /// links) are skipped.
     pub fn from_dir(dir: &Path) -> Result<Self, KeyError> {
         let (active, keys) = read_dir(dir)?;
-        Self::new(active.unwrap_or_default(), keys)
+        let active = active.filter(|a| !a.is_empty()).ok_or_else(|| KeyError::NoActive {
+            path: dir.join(ACTIVE_KEY_FILE),
+        })?;
+        Self::new(active, keys)
     }
 
     /// The id of the key that signs.

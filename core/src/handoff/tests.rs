@@ -398,3 +398,38 @@ proptest! {
         let _ = Allocation::decode(&value);
     }
 }
+
+/// A key directory whose `active` file is missing or empty says so, naming the file (it said
+/// `active key "" is not among the keys`); a key's body pasted without its PEM lines is named
+/// for what it is instead of being taken as an HMAC secret.
+#[test]
+fn key_mistakes_are_named() {
+    let d = dir_of(&[("k1", OPENSSL_PRIVATE.as_bytes()), ("active", b"\n")]);
+    let err = SigningKeys::from_dir(d.path()).err().unwrap().to_string();
+    assert!(err.contains("active") && err.contains("missing or empty"), "{err}");
+    let body = OPENSSL_PUBLIC.lines().nth(1).unwrap();
+    let d = dir_of(&[("k1", body.as_bytes())]);
+    let err = VerifyingKeys::from_dir(d.path()).err().unwrap().to_string();
+    assert!(
+        err.contains("an Ed25519 public key in base64 without its PEM lines"),
+        "{err}"
+    );
+    let private_body: String = OPENSSL_PRIVATE.lines().filter(|l| !l.starts_with("-----")).collect();
+    let d = dir_of(&[("k1", private_body.as_bytes())]);
+    let err = VerifyingKeys::from_dir(d.path()).err().unwrap().to_string();
+    assert!(err.contains("an Ed25519 private key"), "{err}");
+    let d = dir_of(&[
+        ("k1", OPENSSL_PRIVATE.as_bytes()),
+        ("k2", OPENSSL_PUBLIC.as_bytes()),
+        ("k0", &[9u8; 32]),
+    ]);
+    let kinds = VerifyingKeys::kinds_in(d.path()).unwrap();
+    assert_eq!(
+        kinds,
+        [
+            ("k0".to_string(), super::KeyKind::HmacSecret),
+            ("k1".to_string(), super::KeyKind::Ed25519Private),
+            ("k2".to_string(), super::KeyKind::Ed25519Public)
+        ]
+    );
+}

@@ -235,3 +235,33 @@ fn mps_nodes_need_a_ready_daemon_per_shared_card() {
     assert_eq!(f.level, Level::Ok, "{f}");
     assert!(f.detail.contains("mps: 2 card daemon(s) ready"), "{f}");
 }
+
+/// The nodes' key check tells an Ed25519 public key (ok) from the extender's private key (a
+/// failure: any node holding it can sign), a shared HMAC secret (a warning: the older kind, which
+/// signs too) and a key pasted without its PEM lines (a failure naming it). Before, all four
+/// passed as `[ok]`.
+#[test]
+fn the_key_check_refuses_a_private_key_on_a_node_and_names_the_kind() {
+    // As `openssl genpkey -algorithm ed25519` and `openssl pkey -pubout` write them.
+    const PRIVATE: &str = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIFOp+9r1vMK0O26nlPQZlcwHt0NeIp86Z8YsUicBqsCW\n-----END PRIVATE KEY-----\n";
+    const PUBLIC: &str = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA08aWN5LIdbKCx0D+TD4GJ9t0rC0XafHceh6LUkdbq3M=\n-----END PUBLIC KEY-----\n";
+    let check = |files: &[(&str, &[u8])]| {
+        let d = tempfile::tempdir().unwrap();
+        for (name, bytes) in files {
+            std::fs::write(d.path().join(name), bytes).unwrap();
+        }
+        check_keys(d.path())
+    };
+    let f = check(&[("k1", PUBLIC.as_bytes())]);
+    assert_eq!(f.level, Level::Ok, "{f}");
+    let f = check(&[("k1", PRIVATE.as_bytes())]);
+    assert_eq!(f.level, Level::Fail, "{f}");
+    assert!(f.detail.contains("k1") && f.detail.contains("private key"), "{f}");
+    let f = check(&[("k1", PUBLIC.as_bytes()), ("k0", &[7u8; 32])]);
+    assert_eq!(f.level, Level::Warn, "{f}");
+    assert!(f.detail.contains("k0") && f.detail.contains("HMAC"), "{f}");
+    // The key's body alone, without its PEM lines (a Secret made from a copied middle line).
+    let f = check(&[("k1", b"MCowBQYDK2VwAyEA08aWN5LIdbKCx0D+TD4GJ9t0rC0XafHceh6LUkdbq3M=\n")]);
+    assert_eq!(f.level, Level::Fail, "{f}");
+    assert!(f.detail.contains("without its PEM lines"), "{f}");
+}
