@@ -11,13 +11,21 @@ pub mod http;
 pub mod kubelet;
 pub mod mps;
 pub mod nvidia;
+pub mod try_it;
 pub mod uds;
 
 /// A Tessera binary from the target folder (`cargo build --workspace --bins`, which
 /// scripts/test.sh runs first: cargo builds a package's binaries only for its own tests).
 pub fn workspace_bin(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().unwrap().parent().unwrap().join(name);
+    // A test runs from target/debug/deps, a binary (tessera-try) from target/debug.
+    let dir = exe.parent().unwrap();
+    let dir = if dir.ends_with("deps") {
+        dir.parent().unwrap()
+    } else {
+        dir
+    };
+    let path = dir.join(name);
     assert!(
         path.exists(),
         "{} is not built: run `cargo build --workspace --bins` first",

@@ -13,6 +13,7 @@
 //! path): [`Cluster::start`] waits for another to end.
 
 pub mod pki;
+pub mod tessera;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
