@@ -20,6 +20,8 @@ echo "== Kubernetes (tests/cluster/fetch.sh):"
 bash tests/cluster/fetch.sh
 # Helm's own binary for the chart's tests (deploy/tests/helm.rs; cached under .cache/helm).
 echo "== Helm (scripts/fetch-helm.sh): $(bash scripts/fetch-helm.sh)"
+# Commit messages as CONTRIBUTING.md asks (those after the rule came in).
+bash scripts/check-commits.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The real-cluster tests run Tessera's own binaries (tests/tests/cluster.rs): built first.
