@@ -18,10 +18,8 @@ use tessera_core::enforcement::{
     ANNOTATION_ENFORCED_BY, HOOK_AGENT_IN_CONTAINER, HOOK_LIBRARY_IN_CONTAINER, HOOK_PID_SOCKET,
     HOOK_STATE_IN_CONTAINER, HookLayout, ShareEnforcement,
 };
-use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
+use tessera_core::handoff::{AllocatedDevice, SigningKeys};
 use tessera_core::inventory::{FixtureSource, InventorySource, NodeInventory};
-use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
-use tessera_core::request::ContainerRole;
 use tessera_node::inventory::create_device_nodes;
 use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
 use tessera_nri_plugin::session::{self, Identity};
@@ -88,23 +86,7 @@ fn image(work: &Path) -> anyhow::Result<std::path::PathBuf> {
 }
 
 async fn pod(c: &mut Containerd, keys: &SigningKeys, name: &str, device: AllocatedDevice) -> anyhow::Result<Pod> {
-    let uid = format!("uid-{name}");
-    let mut a = Allocation::new(NODE, &uid);
-    a.containers.push(ContainerAllocation {
-        name: "main".into(),
-        role: ContainerRole::App,
-        devices: vec![device],
-    });
-    let s = keys.sign(&a);
-    c.run_pod_with_uid(
-        name,
-        &uid,
-        &[
-            (ANNOTATION_ALLOCATION, &s.allocation),
-            (ANNOTATION_ALLOCATION_SIGNATURE, &s.signature),
-        ],
-    )
-    .await
+    c.run_signed_pod(keys, NODE, name, device).await
 }
 
 fn client(args: &[&str], amounts: &[(&str, &str)]) -> ContainerSpec {
@@ -140,25 +122,7 @@ async fn hook_mode(version: Version) -> anyhow::Result<()> {
     };
     write_spec(&c.cdi_dir(), SPEC_FILE, &spec::render(&inv, &opts)?.1)?;
     let keys = SigningKeys::new("k1", [("k1".to_string(), vec![3u8; 32])])?;
-    let plugin = Arc::new(TesseraPlugin::new(PluginConfig {
-        node: NODE.into(),
-        keys: keys.verifying(),
-        cdi_dirs: vec![c.cdi_dir()],
-        enforcement: ShareEnforcement::Hook,
-        mps: Default::default(),
-        hook: layout.clone(),
-        claims: Default::default(),
-    }));
-    let mut synced = plugin.synchronized();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let id = Identity {
-        name: "tessera".into(),
-        idx: "10".into(),
-    };
-    let task = tokio::spawn(session::run_external(c.nri_socket(), id, plugin, async move {
-        let _ = stop_rx.await;
-    }));
-    tokio::time::timeout(Duration::from_secs(15), synced.wait_for(|n| *n > 0)).await??;
+    let (stop_tx, task) = start_plugin(&c, &keys, ShareEnforcement::Hook, (Default::default(), layout.clone())).await?;
     let gpu = inv.gpus[0].clone();
     let share = AllocatedDevice::share(&gpu, 30, 8192);
 
@@ -370,25 +334,7 @@ async fn mps_mode_holds_a_containers_processes_together(version: Version) -> any
     };
     write_spec(&c.cdi_dir(), SPEC_FILE, &spec::render(&inv, &opts)?.1)?;
     let keys = SigningKeys::new("k1", [("k1".to_string(), vec![3u8; 32])])?;
-    let plugin = Arc::new(TesseraPlugin::new(PluginConfig {
-        node: NODE.into(),
-        keys: keys.verifying(),
-        cdi_dirs: vec![c.cdi_dir()],
-        enforcement: ShareEnforcement::Mps,
-        mps: mps.clone(),
-        hook: hook.clone(),
-        claims: Default::default(),
-    }));
-    let mut synced = plugin.synchronized();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let id = Identity {
-        name: "tessera".into(),
-        idx: "10".into(),
-    };
-    let task = tokio::spawn(session::run_external(c.nri_socket(), id, plugin, async move {
-        let _ = stop_rx.await;
-    }));
-    tokio::time::timeout(Duration::from_secs(15), synced.wait_for(|n| *n > 0)).await??;
+    let (stop_tx, task) = start_plugin(&c, &keys, ShareEnforcement::Mps, (mps.clone(), hook.clone())).await?;
     let share = AllocatedDevice::share(&inv.gpus[0], 30, 4096);
     let p = pod(&mut c, &keys, "three", share).await?;
     let amounts = [("gpu-core", "30"), ("gpu-memory", "4"), ("gpu-memory-mib", "4096")];
@@ -438,4 +384,34 @@ async fn mps_mode_holds_a_containers_processes_together_on_containerd_1_7() -> a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mps_mode_holds_a_containers_processes_together_on_containerd_2() -> anyhow::Result<()> {
     mps_mode_holds_a_containers_processes_together(Version::V2).await
+}
+
+/// Runs the NRI plugin (in `enforcement`, with `layouts`) against `c` until the returned sender
+/// is dropped or sent to; returns once it has synchronised.
+async fn start_plugin(
+    c: &Containerd,
+    keys: &SigningKeys,
+    enforcement: ShareEnforcement,
+    (mps, hook): (tessera_core::enforcement::MpsLayout, HookLayout),
+) -> anyhow::Result<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>)> {
+    let plugin = Arc::new(TesseraPlugin::new(PluginConfig {
+        node: NODE.into(),
+        keys: keys.verifying(),
+        cdi_dirs: vec![c.cdi_dir()],
+        enforcement,
+        mps,
+        hook,
+        claims: Default::default(),
+    }));
+    let mut synced = plugin.synchronized();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let id = Identity {
+        name: "tessera".into(),
+        idx: "10".into(),
+    };
+    let task = tokio::spawn(session::run_external(c.nri_socket(), id, plugin, async move {
+        let _ = stop_rx.await;
+    }));
+    tokio::time::timeout(Duration::from_secs(15), synced.wait_for(|n| *n > 0)).await??;
+    Ok((stop_tx, task))
 }

@@ -5,29 +5,35 @@ use std::time::Duration;
 
 use tessera_core::enforcement::{DaemonPhase, MpsCeiling, MpsLayout, MpsState, unix_secs};
 
-/// Keeps each of `cards`' daemon states ready and holding the wanted ceiling (as the supervisor
-/// does, within 20 ms), with the directories a share device mounts, until the returned sender
-/// is dropped.
+/// Each of `cards`' daemon ready, holding the ceiling the plugin wants (none written: closed),
+/// with the directories a share device mounts: what the supervisor does for a card.
+pub fn hold_wanted_ceilings<'a>(layout: &MpsLayout, cards: impl IntoIterator<Item = &'a str>) -> std::io::Result<()> {
+    for uuid in cards {
+        for dir in [layout.client_dir(uuid), layout.shm_dir(uuid)] {
+            std::fs::create_dir_all(dir)?;
+        }
+        let now = unix_secs(std::time::SystemTime::now());
+        let state = MpsState {
+            phase: DaemonPhase::Ready,
+            pid: Some(1),
+            restarts: 0,
+            started_at: now,
+            checked_at: now,
+            reason: None,
+            ceiling: Some(layout.read_ceiling(uuid).ok().flatten().unwrap_or(MpsCeiling::CLOSED)),
+        };
+        layout.write_state(uuid, &state)?;
+    }
+    Ok(())
+}
+
+/// Keeps [`hold_wanted_ceilings`] true for `cards` (within 20 ms of a change), until the
+/// returned sender is dropped.
 pub fn stand_in_daemons(layout: MpsLayout, cards: Vec<String>) -> std::sync::mpsc::Sender<()> {
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
         while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_millis(20)) {
-            for uuid in &cards {
-                for dir in [layout.client_dir(uuid), layout.shm_dir(uuid)] {
-                    let _ = std::fs::create_dir_all(dir);
-                }
-                let now = unix_secs(std::time::SystemTime::now());
-                let state = MpsState {
-                    phase: DaemonPhase::Ready,
-                    pid: Some(1),
-                    restarts: 0,
-                    started_at: now,
-                    checked_at: now,
-                    reason: None,
-                    ceiling: Some(layout.read_ceiling(uuid).ok().flatten().unwrap_or(MpsCeiling::CLOSED)),
-                };
-                let _ = layout.write_state(uuid, &state);
-            }
+            let _ = hold_wanted_ceilings(&layout, cards.iter().map(String::as_str));
         }
     });
     tx

@@ -8,31 +8,22 @@ use anyhow::Context as _;
 use tessera_core::inventory::{FixtureSource, InventorySource as _};
 use tessera_tests::cluster::{Cluster, NODE};
 
-const BUSYBOX_POD: &str = r#"apiVersion: v1
+/// Pod `hello` of the tests' busybox: it says hello from its cgroups, then sleeps `secs`.
+fn hello_pod(secs: u32) -> String {
+    format!(
+        r#"apiVersion: v1
 kind: Pod
-metadata: {name: hello, namespace: default}
+metadata: {{name: hello, namespace: default}}
 spec:
   restartPolicy: Never
   containers:
   - name: main
     image: docker.io/tessera/busybox:test
     imagePullPolicy: Never
-    command: ["sh", "-c", "echo hello from $(cat /proc/self/cgroup | wc -l) cgroups; sleep 1"]
-"#;
-
-/// A pod that says hello and then waits, so that what the kubelet made for it (its cgroup, its
-/// mounts) is there to be seen until the cluster goes.
-const WAITING_POD: &str = r#"apiVersion: v1
-kind: Pod
-metadata: {name: hello, namespace: default}
-spec:
-  restartPolicy: Never
-  containers:
-  - name: main
-    image: docker.io/tessera/busybox:test
-    imagePullPolicy: Never
-    command: ["sh", "-c", "echo hello from $(cat /proc/self/cgroup | wc -l) cgroups; sleep 3600"]
-"#;
+    command: ["sh", "-c", "echo hello from $(cat /proc/self/cgroup | wc -l) cgroups; sleep {secs}"]
+"#
+    )
+}
 
 /// The cluster comes up, runs a pod, and once dropped with the pod still running leaves no
 /// process, mount, network namespace or cgroup of its own behind. What it asserts it waits
@@ -43,7 +34,7 @@ async fn a_real_cluster_runs_a_pod_and_leaves_nothing_behind() -> anyhow::Result
     let begun = Instant::now();
     let c = Cluster::start().await?;
     println!("Kubernetes {} up in {:.1}s", c.version(), c.started_in().as_secs_f64());
-    c.apply(WAITING_POD)?;
+    c.apply(&hello_pod(3600))?; // what the kubelet made for it stays to be seen
     c.wait_for(&["pod/hello"], "{.status.phase}", "Running", Duration::from_secs(90))
         .await?;
     let mut logs = String::new();
@@ -159,7 +150,7 @@ async fn real_scheduler_kubelet_and_runtime_give_pods_what_tessera_signed() -> a
         "share",
         &[("tessera.io/gpu-core", "30"), ("tessera.io/gpu-memory", "4")],
     ))?;
-    c.apply(BUSYBOX_POD)?;
+    c.apply(&hello_pod(1))?;
     for pod in ["whole", "share", "hello"] {
         c.wait_for(
             &[&format!("pod/{pod}")],

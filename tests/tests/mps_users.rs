@@ -10,9 +10,7 @@ use std::time::Duration;
 use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::writer::{SPEC_FILE, write_spec};
 use tessera_core::enforcement::{HookLayout, MpsLayout, ShareEnforcement};
-use tessera_core::handoff::{AllocatedDevice, Allocation, ContainerAllocation, SigningKeys};
-use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
-use tessera_core::request::ContainerRole;
+use tessera_core::handoff::{AllocatedDevice, SigningKeys};
 use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
 use tessera_nri_plugin::session::{self, Identity};
 use tessera_tests::containerd::{ContainerSpec, Containerd, Pod, Version};
@@ -21,23 +19,7 @@ use tessera_tests::fake_node::fake_node;
 const NODE: &str = "node-users";
 
 async fn pod(c: &mut Containerd, keys: &SigningKeys, name: &str, device: AllocatedDevice) -> anyhow::Result<Pod> {
-    let uid = format!("uid-{name}");
-    let mut a = Allocation::new(NODE, &uid);
-    a.containers.push(ContainerAllocation {
-        name: "main".into(),
-        role: ContainerRole::App,
-        devices: vec![device],
-    });
-    let s = keys.sign(&a);
-    c.run_pod_with_uid(
-        name,
-        &uid,
-        &[
-            (ANNOTATION_ALLOCATION, &s.allocation),
-            (ANNOTATION_ALLOCATION_SIGNATURE, &s.signature),
-        ],
-    )
-    .await
+    c.run_signed_pod(keys, NODE, name, device).await
 }
 
 /// A 20% + 4 GiB share container running as `uid`, waiting.

@@ -176,7 +176,6 @@ fn a_spec_whose_mounted_files_do_not_exist_fails() {
 
 #[test]
 fn mps_nodes_need_a_ready_daemon_per_shared_card() {
-    use tessera_core::enforcement::{DaemonPhase, MpsState, unix_secs};
     use tessera_core::inventory::{FixtureSource, InventorySource};
     let dir = tempfile::tempdir().unwrap();
     let cdi = dir.path().join("cdi");
@@ -217,20 +216,7 @@ fn mps_nodes_need_a_ready_daemon_per_shared_card() {
     let f = check();
     assert_eq!(f.level, Level::Fail, "{f}");
     assert!(f.detail.contains("2 of 2 card daemon(s) not ready"), "{f}");
-    let now = unix_secs(std::time::SystemTime::now());
-    for g in &inv.gpus {
-        std::fs::create_dir_all(layout.card_dir(&g.uuid)).unwrap();
-        let state = MpsState {
-            phase: DaemonPhase::Ready,
-            pid: Some(1),
-            restarts: 0,
-            started_at: now,
-            checked_at: now,
-            reason: None,
-            ceiling: None,
-        };
-        layout.write_state(&g.uuid, &state).unwrap();
-    }
+    tessera_tests::mps::hold_wanted_ceilings(&layout, inv.gpus.iter().map(|g| g.uuid.as_str())).unwrap();
     let f = check();
     assert_eq!(f.level, Level::Ok, "{f}");
     assert!(f.detail.contains("mps: 2 card daemon(s) ready"), "{f}");

@@ -77,7 +77,7 @@ fn a_key_added_to_the_secret_is_picked_up_without_a_restart() {
 #[test]
 fn a_dra_claims_container_gets_what_the_node_recorded_and_nothing_else() {
     use tessera_cdi_generator::spec::{self, SpecOptions};
-    use tessera_core::dra::{self, ClaimStore, PreparedClaim, PreparedDevice};
+    use tessera_core::dra::{self, ClaimStore};
     use tessera_core::inventory::{FixtureSource, InventorySource};
 
     let dir = tempfile::tempdir().unwrap();
@@ -98,31 +98,23 @@ fn a_dra_claims_container_gets_what_the_node_recorded_and_nothing_else() {
     });
     let g = &inv.gpus[2];
     let token = dra::new_token();
-    store
-        .put(&PreparedClaim {
-            uid: "u-1".into(),
-            namespace: "team-a".into(),
-            name: "share".into(),
-            pods: vec!["p".into()],
-            token: String::new(),
-            markers: [("gpu".to_string(), token.clone())].into(),
-            devices: vec![PreparedDevice {
-                requests: vec!["gpu".into()],
-                pool: "n".into(),
-                device: "gpu-2".into(),
-                share_id: Some("s".into()),
-                allocated: AllocatedDevice::Gpu {
-                    uuid: g.uuid.clone(),
-                    index: g.index,
-                    minor: g.minor,
-                    core_percent: 30,
-                    memory_mib: 4096,
-                    exclusive: false,
-                },
-                carved: None,
-            }],
-        })
-        .unwrap();
+    record(
+        &store,
+        ("u-1", "share", &["p"]),
+        (
+            "gpu-2",
+            Some("s".into()),
+            AllocatedDevice::Gpu {
+                uuid: g.uuid.clone(),
+                index: g.index,
+                minor: g.minor,
+                core_percent: 30,
+                memory_mib: 4096,
+                exclusive: false,
+            },
+        ),
+        &token,
+    );
     let pod = |ns: &str| {
         let mut p = api::PodSandbox::new();
         p.uid = "p".into();
@@ -177,24 +169,12 @@ fn a_dra_claims_container_gets_what_the_node_recorded_and_nothing_else() {
     // not a double grant).
     let w = &inv.gpus[3];
     let whole_token = dra::new_token();
-    store
-        .put(&PreparedClaim {
-            uid: "u-w".into(),
-            namespace: "team-a".into(),
-            name: "whole".into(),
-            pods: vec!["p".into(), "q".into()],
-            token: String::new(),
-            markers: [("gpu".to_string(), whole_token.clone())].into(),
-            devices: vec![PreparedDevice {
-                requests: vec!["gpu".into()],
-                pool: "n".into(),
-                device: "gpu-3".into(),
-                share_id: None,
-                allocated: AllocatedDevice::whole(w),
-                carved: None,
-            }],
-        })
-        .unwrap();
+    record(
+        &store,
+        ("u-w", "whole", &["p", "q"]),
+        ("gpu-3", None, AllocatedDevice::whole(w)),
+        &whole_token,
+    );
     let mut other = pod("team-a");
     other.name = "evaluator".into();
     other.uid = "q".into();
@@ -427,24 +407,10 @@ impl Node {
     /// Every card's MPS daemon ready, holding the ceiling the plugin wants (as the supervisor
     /// does within 100 ms), and the CUDA hook installed (as the CDI generator does).
     fn daemons_hold_the_wanted_ceilings(&self) {
-        use tessera_core::enforcement::{DaemonPhase, MpsState, unix_secs};
         let library = self.dir.path().join("libtessera-cuda-hook.so");
         std::fs::write(&library, b"the hook").unwrap();
         HookLayout::new(self.dir.path().join("hook")).install(&library).unwrap();
-        let mps = self.mps();
-        for g in &self.inv.gpus {
-            let now = unix_secs(std::time::SystemTime::now());
-            let state = MpsState {
-                phase: DaemonPhase::Ready,
-                pid: Some(1),
-                restarts: 0,
-                started_at: now,
-                checked_at: now,
-                reason: None,
-                ceiling: Some(mps.read_ceiling(&g.uuid).unwrap().unwrap_or(MpsCeiling::CLOSED)),
-            };
-            mps.write_state(&g.uuid, &state).unwrap();
-        }
+        tessera_tests::mps::hold_wanted_ceilings(&self.mps(), self.inv.gpus.iter().map(|g| g.uuid.as_str())).unwrap();
     }
 
     /// Pod `name` (uid `uid-<name>`) signed `device` for its container `c`, and that container
@@ -551,29 +517,17 @@ async fn a_restarted_plugin_rebuilds_ceilings_from_what_it_granted_not_from_env(
 /// restarted plugin found no record of the claim and granted the card again.
 #[test]
 fn a_card_stays_held_by_a_live_container_after_its_claim_and_the_plugin_are_gone() {
-    use tessera_core::dra::{self, PreparedClaim, PreparedDevice};
+    use tessera_core::dra;
     let node = Node::new();
     let card = &node.inv.gpus[4];
     let token = dra::new_token();
     let store = node.store();
-    store
-        .put(&PreparedClaim {
-            uid: "u-1".into(),
-            namespace: "team-a".into(),
-            name: "whole".into(),
-            pods: vec!["uid-trainer".into()],
-            token: String::new(),
-            markers: [("gpu".to_string(), token.clone())].into(),
-            devices: vec![PreparedDevice {
-                requests: vec!["gpu".into()],
-                pool: "n".into(),
-                device: "gpu-4".into(),
-                share_id: None,
-                allocated: AllocatedDevice::whole(card),
-                carved: None,
-            }],
-        })
-        .unwrap();
+    record(
+        &store,
+        ("u-1", "whole", &["uid-trainer"]),
+        ("gpu-4", None, AllocatedDevice::whole(card)),
+        &token,
+    );
     let mut pod = api::PodSandbox::new();
     (pod.id, pod.uid, pod.name, pod.namespace) = ("s1".into(), "uid-trainer".into(), "trainer".into(), "team-a".into());
     let mut ctr = api::Container::new();
@@ -607,28 +561,16 @@ impl Reservations for FakeReservations {
 /// server and gets the claim. Fails when the grant does not ask whom the claim is reserved for.
 #[tokio::test]
 async fn a_copied_marker_gives_nothing_to_a_pod_the_claim_is_not_reserved_for() {
-    use tessera_core::dra::{self, PreparedClaim, PreparedDevice};
+    use tessera_core::dra;
     let node = Node::new();
     let card = &node.inv.gpus[5];
     let token = dra::new_token();
-    node.store()
-        .put(&PreparedClaim {
-            uid: "u-1".into(),
-            namespace: "team-a".into(),
-            name: "whole".into(),
-            pods: vec!["uid-first".into()],
-            token: String::new(),
-            markers: [("gpu".to_string(), token.clone())].into(),
-            devices: vec![PreparedDevice {
-                requests: vec!["gpu".into()],
-                pool: "n".into(),
-                device: "gpu-5".into(),
-                share_id: None,
-                allocated: AllocatedDevice::whole(card),
-                carved: None,
-            }],
-        })
-        .unwrap();
+    record(
+        &node.store(),
+        ("u-1", "whole", &["uid-first"]),
+        ("gpu-5", None, AllocatedDevice::whole(card)),
+        &token,
+    );
     let reserved =
         FakeReservations([("team-a/whole".to_string(), vec!["uid-first".into(), "uid-later".into()])].into());
     let plugin = node
@@ -717,4 +659,33 @@ async fn a_hooked_share_gets_its_accounting_in_a_tmpfs_of_its_own() {
     assert_eq!((state.type_.as_str(), state.source.as_str()), ("tmpfs", "tmpfs"));
     assert!(state.options.contains(&"size=256k".to_string()), "{:?}", state.options);
     assert!(!hook.container_dir("ctr-s").join("state").exists());
+}
+
+/// Records claim `uid` (`team-a/<name>`, reserved for `pods`) as the DRA plugin prepares it: its
+/// request `gpu` served by slice device `device` (share id, what it gives), with marker `token`.
+fn record(
+    store: &tessera_core::dra::ClaimStore,
+    (uid, name, pods): (&str, &str, &[&str]),
+    (device, share_id, allocated): (&str, Option<String>, AllocatedDevice),
+    token: &str,
+) {
+    use tessera_core::dra::{PreparedClaim, PreparedDevice};
+    store
+        .put(&PreparedClaim {
+            uid: uid.into(),
+            namespace: "team-a".into(),
+            name: name.into(),
+            pods: pods.iter().map(|p| p.to_string()).collect(),
+            token: String::new(),
+            markers: [("gpu".to_string(), token.to_string())].into(),
+            devices: vec![PreparedDevice {
+                requests: vec!["gpu".into()],
+                pool: "n".into(),
+                device: device.into(),
+                share_id,
+                allocated,
+                carved: None,
+            }],
+        })
+        .unwrap();
 }

@@ -289,6 +289,36 @@ impl Containerd {
     }
 
     /// Runs a pod sandbox with a given pod UID.
+    /// Runs pod `name` (uid `uid-<name>`) whose allocation, signed with `keys` for node `node`,
+    /// gives its container `main` the device `device`: a pod as Tessera's extender binds it.
+    pub async fn run_signed_pod(
+        &mut self,
+        keys: &tessera_core::handoff::SigningKeys,
+        node: &str,
+        name: &str,
+        device: tessera_core::handoff::AllocatedDevice,
+    ) -> anyhow::Result<Pod> {
+        use tessera_core::handoff::{Allocation, ContainerAllocation};
+        use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
+        let uid = format!("uid-{name}");
+        let mut a = Allocation::new(node, &uid);
+        a.containers.push(ContainerAllocation {
+            name: "main".into(),
+            role: tessera_core::request::ContainerRole::App,
+            devices: vec![device],
+        });
+        let s = keys.sign(&a);
+        self.run_pod_with_uid(
+            name,
+            &uid,
+            &[
+                (ANNOTATION_ALLOCATION, &s.allocation),
+                (ANNOTATION_ALLOCATION_SIGNATURE, &s.signature),
+            ],
+        )
+        .await
+    }
+
     pub async fn run_pod_with_uid(
         &mut self,
         name: &str,
