@@ -531,6 +531,7 @@ async fn run(
     info!(uuid, pid = state.pid, ceiling = ?state.ceiling, "MPS daemon ready");
     let mut missed = 0;
     let mut stops_reported = None;
+    let mut lowering = Lowering::default();
     // Intervals, not sleeps in the select: a sleep made anew each turn would never end while
     // the other branch keeps firing.
     let mut ceiling_tick = tokio::time::interval(CEILING_EVERY);
@@ -546,7 +547,9 @@ async fn run(
                 ready_for: ready_since.elapsed(),
             },
             _ = ceiling_tick.tick() => {
-                sync_ceiling(config, uuid, state, &tally).await;
+                if lowering.due(config, uuid, state) {
+                    sync_ceiling(config, uuid, state, &tally).await;
+                }
                 report_stops(uuid, &tally, &mut stops_reported);
             }
             () = tally.changed() => {
@@ -634,6 +637,46 @@ async fn start(
         });
     }
     None
+}
+
+/// How long a lower wanted ceiling must stay wanted before the daemon is set to it. A raise is
+/// set at once (a share's creation waits for it); a lowering waits: the card's last share
+/// stopping and the next one starting (a Job's pods one after another) would otherwise set the
+/// daemon down and up again, and a share that came meanwhile could meet the lower ceiling, or
+/// time out waiting, while the daemon works through the first change.
+const LOWER_AFTER: Duration = Duration::from_secs(1);
+
+/// A lower ceiling the card is wanted at, and since when.
+#[derive(Default)]
+struct Lowering(Option<(MpsCeiling, Instant)>);
+
+impl Lowering {
+    /// Whether the ceiling should be synced now: anything but a lowering at once, a lowering
+    /// once it has been wanted for [`LOWER_AFTER`].
+    fn due(&mut self, config: &SupervisorConfig, uuid: &str, state: &MpsState) -> bool {
+        let wanted = config
+            .layout
+            .read_ceiling(uuid)
+            .ok()
+            .flatten()
+            .unwrap_or(MpsCeiling::CLOSED);
+        let lower = state.ceiling.is_some_and(|held| {
+            held != wanted
+                && wanted.active_thread_percentage <= held.active_thread_percentage
+                && wanted.pinned_memory_mib <= held.pinned_memory_mib
+        });
+        if !lower {
+            self.0 = None;
+            return true;
+        }
+        match self.0 {
+            Some((c, since)) if c == wanted => since.elapsed() >= LOWER_AFTER,
+            _ => {
+                self.0 = Some((wanted, Instant::now()));
+                false
+            }
+        }
+    }
 }
 
 /// How often each card's wanted ceiling is looked at (a share waits for it at creation).
@@ -835,5 +878,50 @@ mod tests {
         let d: Vec<u128> = (1..=6).map(|f| b.delay(f).as_millis()).collect();
         assert_eq!(d, [500, 1000, 2000, 4000, 5000, 5000]);
         assert_eq!(b.delay(1000), Duration::from_secs(5));
+    }
+
+    /// A raise of a card's ceiling is set at once, a lowering only once it has been wanted for
+    /// a second: a card's share stopping and the next starting does not set the daemon down and
+    /// up again (under load each change took the fake daemon over a second, and a share created
+    /// meanwhile waited past its 1.5 s).
+    #[test]
+    fn a_lower_ceiling_waits_a_moment_and_a_raise_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = MpsLayout::new(dir.path());
+        let binaries = MpsBinaries {
+            control: "/bin/false".into(),
+            path_dirs: vec![],
+            library_dirs: vec![],
+        };
+        let config = SupervisorConfig::new(layout.clone(), binaries, "/bin/false".into());
+        let share = MpsCeiling {
+            active_thread_percentage: 30,
+            pinned_memory_mib: 8192,
+        };
+        let mut state = MpsState {
+            phase: DaemonPhase::Ready,
+            pid: None,
+            restarts: 0,
+            started_at: 0,
+            checked_at: 0,
+            reason: None,
+            ceiling: Some(MpsCeiling::CLOSED),
+        };
+        let mut lowering = Lowering::default();
+        layout.write_ceiling("GPU-1", &share).unwrap();
+        assert!(lowering.due(&config, "GPU-1", &state), "a raise is at once");
+        state.ceiling = Some(share);
+        layout.write_ceiling("GPU-1", &MpsCeiling::CLOSED).unwrap();
+        assert!(!lowering.due(&config, "GPU-1", &state), "a lowering waits");
+        // The next share comes: nothing to change, and the lowering is forgotten.
+        layout.write_ceiling("GPU-1", &share).unwrap();
+        assert!(lowering.due(&config, "GPU-1", &state));
+        layout.write_ceiling("GPU-1", &MpsCeiling::CLOSED).unwrap();
+        assert!(!lowering.due(&config, "GPU-1", &state));
+        std::thread::sleep(LOWER_AFTER + Duration::from_millis(50));
+        assert!(
+            lowering.due(&config, "GPU-1", &state),
+            "a lowering still wanted after a second"
+        );
     }
 }
