@@ -257,8 +257,9 @@ fn write_keys(dir: &Path) -> anyhow::Result<SigningKeys> {
     Ok(SigningKeys::from_dir(dir)?)
 }
 
+/// Spawns `cmd` with its output appended to `log` (a restarted program adds to its log).
 fn spawn_logged(cmd: &mut Command, log: &Path) -> anyhow::Result<Child> {
-    let f = std::fs::File::create(log)?;
+    let f = std::fs::File::options().create(true).append(true).open(log)?;
     Ok(cmd.stdin(Stdio::null()).stdout(f.try_clone()?).stderr(f).spawn()?)
 }
 
@@ -345,6 +346,10 @@ fn start_plugin(
     (mode, mps, hook): (&str, &MpsLayout, &Path),
     log: &Path,
 ) -> anyhow::Result<Child> {
+    let synced_before = std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .matches("synchronized")
+        .count();
     let child = spawn_logged(
         Command::new(a.bin_dir.join("tessera-nri-plugin"))
             .arg("run")
@@ -365,10 +370,14 @@ fn start_plugin(
     )
     .context("starting tessera-nri-plugin")?;
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .contains("synchronized")
-    {
+    // The log is appended to: this plugin's sync is one more than the log had before it.
+    let syncs = || {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .matches("synchronized")
+            .count()
+    };
+    while syncs() <= synced_before {
         anyhow::ensure!(
             Instant::now() < deadline,
             "the NRI plugin did not synchronise:\n{}",

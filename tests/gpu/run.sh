@@ -16,16 +16,37 @@
 # packed into an image with the C libraries it and nvidia-smi need; the driver's libraries come
 # only from Tessera's injection. Where python3 has PyTorch and CuPy, tests/gpu/torch_hook.py
 # then runs them under the hook on the host. The table is also written to $OUT/gpu-table.txt when OUT is set.
+#
+#   bash tests/gpu/run.sh --dry-run --bin-dir target/debug   # the dry run on binaries built
+#       here (`cargo build --workspace`) and the runtimes tests/runtimes/fetch.sh fetched, no
+#       bundle: what the test suite runs (tests/tests/gpu_dry_run.rs)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-dry=""
-[ "${1:-}" = "--dry-run" ] && dry=1
-bundle="$repo/.cache/gpu/bundle.tar.xz"
-[ -f "$bundle" ] || { echo "run.sh: $bundle is missing: run tests/gpu/pack.sh first" >&2; exit 2; }
+dry="" bin_dir=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry=1; shift ;;
+    --bin-dir) bin_dir="$(cd "${2:?--bin-dir needs a directory}" && pwd)"; shift 2 ;;
+    *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
 work="$(mktemp -d /tmp/tgpu.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
-tar -xJf "$bundle" -C "$work"
-export TESSERA_RUNTIME_CACHE="$work/runtimes"
+if [ -n "$bin_dir" ]; then
+  mkdir -p "$work/bin"
+  for b in tessera-cdi-generator tessera-nri-plugin tessera-mps-supervisor tessera-gpu-e2e; do
+    [ -x "$bin_dir/$b" ] || { echo "run.sh: $bin_dir/$b is not built (cargo build --workspace)" >&2; exit 2; }
+    ln -s "$bin_dir/$b" "$work/bin/$b"
+  done
+  ln -s "$bin_dir/libtessera_cuda_hook.so" "$work/bin/libtessera-cuda-hook.so"
+  bash "$repo/tests/runtimes/fetch.sh" >/dev/null
+  export TESSERA_RUNTIME_CACHE="${TESSERA_RUNTIME_CACHE:-$repo/.cache/runtimes}"
+else
+  bundle="$repo/.cache/gpu/bundle.tar.xz"
+  [ -f "$bundle" ] || { echo "run.sh: $bundle is missing: run tests/gpu/pack.sh first" >&2; exit 2; }
+  tar -xJf "$bundle" -C "$work"
+  export TESSERA_RUNTIME_CACHE="$work/runtimes"
+fi
 
 echo "== machine: $(uname -r), $(nproc) cores"
 if [ -z "$dry" ]; then
@@ -36,7 +57,7 @@ fi
 # The probe image: busybox, the probe, and the C libraries the probe and nvidia-smi link.
 root="$work/probe-root"
 mkdir -p "$root/bin" "$root/etc" "$root/tmp"
-cp "$work/runtimes/busybox/bin/busybox" "$root/bin/busybox"
+cp "$TESSERA_RUNTIME_CACHE/busybox/bin/busybox" "$root/bin/busybox"
 for l in sh env ls wc grep cat echo test sleep; do ln -s busybox "$root/bin/$l"; done
 echo 'root:x:0:0:root:/root:/bin/sh' > "$root/etc/passwd"
 echo 'root:x:0:' > "$root/etc/group"
