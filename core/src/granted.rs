@@ -292,7 +292,8 @@ impl GrantStore {
     pub fn remove(&self, id: &str) -> std::io::Result<()> {
         match std::fs::remove_file(self.path(id)?) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
+            Err(_) => Ok(()),
+            Ok(()) => crate::files::sync_dir(&self.dir),
         }
     }
 

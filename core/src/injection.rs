@@ -221,11 +221,12 @@ pub struct Regrant {
 
 /// What a live container was granted, from the same sources as at its creation and never from
 /// its environment: its pod's verified allocation (`pod_annotations`), or the node's DRA
-/// records for the markers `marks` it carries. `None` when neither gives it devices. For a
-/// container found running after a restart, whose grant record is gone.
+/// records for the markers `marks` it carries, of claims reserved for its pod (`reserved`, as
+/// at creation). `None` when neither gives it devices. For a container found running after a
+/// restart, whose grant record is gone.
 pub fn regrant(
     ctx: &NodeContext<'_>,
-    store: &ClaimStore,
+    (store, reserved): (&ClaimStore, &dyn Fn(&PreparedClaim) -> bool),
     pod: (&str, &str),
     pod_annotations: &BTreeMap<String, String>,
     container: &str,
@@ -233,7 +234,7 @@ pub fn regrant(
 ) -> Option<Regrant> {
     let (pod_uid, namespace) = pod;
     if !marks.is_empty() {
-        let claimed = crate::dra::devices_for(store, namespace, marks, &|_| true).ok()?;
+        let claimed = crate::dra::devices_for(store, namespace, marks, reserved).ok()?;
         return Some(Regrant {
             share: share_limits(&claimed.devices, None),
             devices: claimed.devices,

@@ -210,28 +210,52 @@ fn prepare_dirs(config: &SupervisorConfig, uuid: &str) -> std::io::Result<()> {
 /// The last thing a daemon said that was not health-check chatter (why it would not start).
 type LastWords = Arc<Mutex<Option<String>>>;
 
+/// Where the daemon's output stands in a control connection's lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Ui {
+    /// No connection open.
+    #[default]
+    Idle,
+    /// A connection open, waiting for its command (a client that holds one open and says
+    /// nothing stays here: the daemon's other lines must still be seen).
+    Open,
+    /// A command logged: the next line is its answer (or the next command).
+    Command,
+    /// The answer read.
+    Answered,
+}
+
 /// The control daemon logs five lines per control connection (`-f`): its accepting, `NEW UI`,
 /// the command, the answer and `UI closed`. They are noise: the supervisor's own checks and
 /// ceilings, and clients' commands, which the card's [`Tally`] counts and its supervision
 /// reports (a flood of commands is not a flood of log lines). Returns whether `line` is such,
-/// tracking whether a connection is open.
-fn chatter(line: &str, in_ui: &mut bool) -> bool {
+/// tracking where in a connection the daemon is: only a connection's own lines are noise, so a
+/// server's exit said while a client holds a connection open is still logged.
+fn chatter(line: &str, ui: &mut Ui) -> bool {
     let text = line
         .strip_prefix('[')
         .and_then(|rest| rest.split_once("] "))
         .map_or(line, |(_, t)| t)
         .trim();
     match text {
+        "Accepting connection..." => true,
         "NEW UI" => {
-            *in_ui = true;
+            *ui = Ui::Open;
             true
         }
         "UI closed" => {
-            *in_ui = false;
+            *ui = Ui::Idle;
             true
         }
-        "Accepting connection..." => true,
-        _ => *in_ui,
+        t if t.starts_with("Cmd:") && *ui != Ui::Idle => {
+            *ui = Ui::Command;
+            true
+        }
+        _ if *ui == Ui::Command => {
+            *ui = Ui::Answered;
+            true
+        }
+        _ => false,
     }
 }
 
@@ -307,12 +331,12 @@ fn spawn(config: &SupervisorConfig, uuid: &str, last: &LastWords) -> std::io::Re
         tokio::spawn(async move {
             let mut reader = BufReader::new(stream);
             let mut buf = Vec::new();
-            let mut in_ui = false;
+            let mut ui = Ui::Idle;
             // Any bytes a client sends are logged back: a line that is no UTF-8 is read too.
             while let Ok(true) = next_line(&mut reader, &mut buf).await {
                 let line = String::from_utf8_lossy(&buf);
                 let command = tally.hear(&line);
-                if chatter(&line, &mut in_ui) || command.is_some() {
+                if chatter(&line, &mut ui) || command.is_some() {
                     debug!(uuid, "mps-control: {line}");
                 } else {
                     info!(uuid, "mps-control: {line}");
@@ -646,13 +670,14 @@ async fn start(
 /// time out waiting, while the daemon works through the first change.
 const LOWER_AFTER: Duration = Duration::from_secs(1);
 
-/// A lower ceiling the card is wanted at, and since when.
+/// Since when the card has been wanted at a lower ceiling than its daemon holds (whatever
+/// lower value: a tenant that keeps changing it keeps no higher ceiling alive).
 #[derive(Default)]
-struct Lowering(Option<(MpsCeiling, Instant)>);
+struct Lowering(Option<Instant>);
 
 impl Lowering {
     /// Whether the ceiling should be synced now: anything but a lowering at once, a lowering
-    /// once it has been wanted for [`LOWER_AFTER`].
+    /// once the held ceiling has stopped being wanted for [`LOWER_AFTER`].
     fn due(&mut self, config: &SupervisorConfig, uuid: &str, state: &MpsState) -> bool {
         let wanted = config
             .layout
@@ -669,13 +694,8 @@ impl Lowering {
             self.0 = None;
             return true;
         }
-        match self.0 {
-            Some((c, since)) if c == wanted => since.elapsed() >= LOWER_AFTER,
-            _ => {
-                self.0 = Some((wanted, Instant::now()));
-                false
-            }
-        }
+        let since = *self.0.get_or_insert_with(Instant::now);
+        since.elapsed() >= LOWER_AFTER
     }
 }
 
@@ -852,7 +872,7 @@ mod tests {
 
     #[test]
     fn a_control_connections_lines_are_chatter() {
-        let mut in_ui = false;
+        let mut ui = Ui::Idle;
         let chatty: Vec<bool> = [
             "Starting control daemon using socket /x/control",
             "Accepting connection...",
@@ -861,11 +881,23 @@ mod tests {
             "100.0",
             "UI closed",
             "Server 12400 exited with status 1",
+            // A client that holds a connection open and says nothing hides nothing.
+            "Accepting connection...",
+            "NEW UI",
+            "Server 12401 exited with status 1",
+            "Cmd:get_default_active_thread_percentage",
+            "30.0",
+            "Cannot start server: out of memory",
         ]
         .iter()
-        .map(|l| chatter(&format!("[2026-11-24 02:05:10.267 Control 14056] {l}"), &mut in_ui))
+        .map(|l| chatter(&format!("[2026-11-24 02:05:10.267 Control 14056] {l}"), &mut ui))
         .collect();
-        assert_eq!(chatty, [false, true, true, true, true, true, false]);
+        assert_eq!(
+            chatty,
+            [
+                false, true, true, true, true, true, false, true, true, false, true, true, false
+            ]
+        );
     }
 
     #[test]
@@ -918,7 +950,15 @@ mod tests {
         assert!(lowering.due(&config, "GPU-1", &state));
         layout.write_ceiling("GPU-1", &MpsCeiling::CLOSED).unwrap();
         assert!(!lowering.due(&config, "GPU-1", &state));
-        std::thread::sleep(LOWER_AFTER + Duration::from_millis(50));
+        // Another lower value meanwhile does not start the wait again.
+        std::thread::sleep(LOWER_AFTER / 2);
+        let smaller = MpsCeiling {
+            active_thread_percentage: 10,
+            pinned_memory_mib: 2048,
+        };
+        layout.write_ceiling("GPU-1", &smaller).unwrap();
+        assert!(!lowering.due(&config, "GPU-1", &state));
+        std::thread::sleep(LOWER_AFTER / 2 + Duration::from_millis(50));
         assert!(
             lowering.due(&config, "GPU-1", &state),
             "a lowering still wanted after a second"

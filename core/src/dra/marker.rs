@@ -194,6 +194,17 @@ pub struct ClaimedDevices {
     pub claims: BTreeMap<String, Vec<String>>,
 }
 
+/// Whether marker `mark` carries the token the node gave its request of `claim` (a claim-wide
+/// marker only for a claim recorded before per-request markers).
+pub fn marker_token_matches(claim: &PreparedClaim, mark: &Mark) -> bool {
+    let expected = match &mark.request {
+        Some(r) => claim.markers.get(r).map(String::as_str).unwrap_or(""),
+        None if claim.markers.is_empty() => claim.token.as_str(),
+        None => "",
+    };
+    token_matches(expected, &mark.token)
+}
+
 fn token_matches(expected: &str, given: &str) -> bool {
     use subtle::ConstantTimeEq as _;
     !expected.is_empty() && bool::from(expected.as_bytes().ct_eq(given.as_bytes()))
@@ -235,12 +246,7 @@ pub fn devices_for(
             records.insert(uid.clone(), claim);
         }
         let claim = &records[uid];
-        let expected = match &mark.request {
-            Some(r) => claim.markers.get(r).map(String::as_str).unwrap_or(""),
-            None if claim.markers.is_empty() => claim.token.as_str(),
-            None => "",
-        };
-        if !token_matches(expected, &mark.token) {
+        if !marker_token_matches(claim, mark) {
             return Err(DraError::WrongToken {
                 claim: claim.key(),
                 uid: uid.clone(),

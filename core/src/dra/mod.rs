@@ -25,7 +25,7 @@ pub use carve::{
 };
 pub use marker::{
     CLAIM_CDI_KIND, ClaimedDevices, Mark, claims_of, devices_for, is_request, is_uid, legacy_marker_env, marked_claims,
-    marker_device, marker_devices, marker_env, marker_file, marker_spec, new_markers, new_token,
+    marker_device, marker_devices, marker_env, marker_file, marker_spec, marker_token_matches, new_markers, new_token,
 };
 pub use prepare::{PreparedClaim, PreparedDevice, prepare, prepare_with};
 pub use publish::{
@@ -154,6 +154,16 @@ pub enum DraError {
         claim: String,
         /// The claim's uid.
         uid: String,
+    },
+    /// Two results of a claim are shares of one card.
+    #[error(
+        "claim {claim}: two of its requests are shares of one card ({device}); a claim may hold one share of a card (ask one request with the sum, or two claims)"
+    )]
+    TwoSharesOfOneCard {
+        /// `namespace/name`.
+        claim: String,
+        /// The device.
+        device: String,
     },
     /// A result asks admin access to a device.
     #[error(

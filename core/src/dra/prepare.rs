@@ -163,6 +163,20 @@ pub fn prepare_with(
             }
             None => (allocated_device(inv, &key, r)?.ok_or_else(unknown)?, None),
         };
+        // Two shares of one card in one claim: the node holds a claim's share of a card as one
+        // container's limits, so it could give neither its own.
+        if let AllocatedDevice::Gpu {
+            uuid, exclusive: false, ..
+        } = &allocated
+            && devices
+                .iter()
+                .any(|d| !d.allocated.is_exclusive() && d.allocated.uuid() == uuid)
+        {
+            return Err(DraError::TwoSharesOfOneCard {
+                claim: key.clone(),
+                device: r.device.clone(),
+            });
+        }
         devices.push(PreparedDevice {
             requests: vec![r.request.clone()],
             pool: r.pool.clone(),

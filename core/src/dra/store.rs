@@ -64,7 +64,9 @@ impl ClaimStore {
         let Some(path) = self.path(uid) else { return Ok(()) };
         match std::fs::remove_file(path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
+            Err(_) => Ok(()),
+            // A removal lost to a crash would bring the claim back, holding its card.
+            Ok(()) => crate::files::sync_dir(&self.dir),
         }
     }
 
@@ -109,11 +111,13 @@ impl ClaimStore {
         }
         let to = dir.join(format!("{uid}.json"));
         std::fs::rename(&from, &to)?;
+        crate::files::sync_dir(&dir)?;
         crate::files::sync_dir(&self.dir)?;
         Ok(to)
     }
 
-    /// The uids of the records that cannot be read.
+    /// The uids of the records whose content cannot be read (not a file that cannot be opened
+    /// for now: too many open files, an I/O error).
     pub fn unreadable(&self) -> Vec<String> {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
@@ -126,7 +130,10 @@ impl ClaimStore {
                     .strip_suffix(".json")
                     .map(str::to_string)
             })
-            .filter(|uid| self.get(uid).is_err())
+            .filter(|uid| {
+                self.get(uid)
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::InvalidData)
+            })
             .collect();
         out.sort();
         out

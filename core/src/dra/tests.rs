@@ -794,3 +794,15 @@ fn the_carving_ledger_names_what_is_being_made() {
     ledger.remove("u-1").unwrap();
     assert!(ledger.list().0.is_empty());
 }
+
+/// Two requests of one claim that are shares of one card are refused at prepare: the node
+/// holds a claim's share of a card as one container's limits, and could give neither its own.
+#[test]
+fn two_shares_of_one_card_in_one_claim_are_refused() {
+    let a = result("gpu-0", &[("cores", "30"), ("memory", "4Gi")]);
+    let mut b = result("gpu-0", &[("cores", "20"), ("memory", "2Gi")]);
+    b.request = "second".into();
+    b.share_id = Some("8a2d".into());
+    let err = prepare(&inv("t4x2"), "node-a", "u-1", &claim(vec![a, b], &["p1"])).unwrap_err();
+    assert!(matches!(err, DraError::TwoSharesOfOneCard { .. }), "{err}");
+}

@@ -85,6 +85,14 @@ impl AllocatedDevice {
         }
     }
 
+    /// Whether the device is held exclusively: a whole card or a MIG device (not a share).
+    pub fn is_exclusive(&self) -> bool {
+        match self {
+            AllocatedDevice::Gpu { exclusive, .. } => *exclusive,
+            AllocatedDevice::Mig { .. } => true,
+        }
+    }
+
     /// The physical card's UUID.
     pub fn card_uuid(&self) -> &str {
         match self {

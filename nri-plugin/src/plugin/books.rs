@@ -73,7 +73,17 @@ impl Books {
         ) {
             return Err(e);
         }
-        self.record(id, &t);
+        // The record is how a restarted plugin, and the DRA plugin, know the container holds its
+        // devices: a grant that cannot be recorded is not made.
+        if let Some(store) = &self.store {
+            store.put(id, &t).map_err(|e| {
+                format!(
+                    "container {:?}: cannot record its grant under {}: {e}; refused",
+                    t.container,
+                    store.dir().display()
+                )
+            })?;
+        }
         live.insert(id.to_string(), t);
         Ok(())
     }
@@ -253,7 +263,7 @@ impl TesseraPlugin {
         let marks = tessera_core::dra::marked_claims(&c.env);
         let tessera_core::injection::Regrant { devices, share, claims } = tessera_core::injection::regrant(
             &ctx,
-            &self.config.claims,
+            (&self.config.claims, &|claim| self.reservations.holds(claim, &pod.uid)),
             (&pod.uid, &pod.namespace),
             &annotations,
             &c.name,
@@ -304,8 +314,16 @@ impl TesseraPlugin {
                 }
             }
         }
+        // A pod granted a claim's devices is reserved for it while it lives (its reservation
+        // was checked at the grant): a restart during an API outage keeps it so.
+        for t in rebuilt.values() {
+            for claim in t.claims.keys() {
+                self.reservations.learn(claim, &t.pod_uid);
+            }
+        }
+        let live_pods = pods.values().map(|p| p.uid.clone()).collect();
+        self.reservations.retain(&self.config.claims, &live_pods);
         self.books.replace(rebuilt);
-        self.reservations.retain(&self.config.claims);
         if self.config.enforcement == ShareEnforcement::Mps {
             // Shares that ended while disconnected: every card's ceiling from the live ones.
             for uuid in self.config.mps.cards() {

@@ -46,9 +46,12 @@ impl Reservations for ApiReservations {
     }
 }
 
-/// How long a container's creation waits for the API server's answer (under containerd's
-/// 2 s `plugin_request_timeout`, with an MPS share's ceiling wait after it).
-const LOOKUP_TIMEOUT: Duration = Duration::from_millis(400);
+/// How long a container's creation waits for the API server's answers, all claims together
+/// (under containerd's 2 s `plugin_request_timeout`, with an MPS share's ceiling wait after it).
+const LOOKUP_TIMEOUT: Duration = Duration::from_millis(300);
+/// Claims looked up for one container at most (a pod names a few; a tenant naming more gets
+/// the rest refused rather than slowing every creation).
+const MAX_LOOKUPS: usize = 8;
 
 /// The pods known to be reserved for each claim beyond its record's, and where to ask.
 #[derive(Default)]
@@ -78,52 +81,76 @@ impl Reserved {
                     .is_some_and(|pods| pods.contains(pod_uid)))
     }
 
-    /// Asks the API server about each claim `marks` name whose record does not list pod
-    /// `pod_uid`; a claim reserved for it is remembered. Errors are logged: the creation is
-    /// then refused by [`Reserved::holds`], naming the claim.
-    pub(super) async fn look_up(&self, store: &ClaimStore, pod_uid: &str, marks: &[Mark]) {
+    /// Asks the API server, all at once and within [`LOOKUP_TIMEOUT`] together, about the
+    /// claims `marks` name whose record does not list pod `pod_uid`, of the pod's `namespace`
+    /// and named with the token the node gave (anything else is refused without asking, so a
+    /// forged marker costs no lookup), at most [`MAX_LOOKUPS`] of them; a claim reserved for
+    /// the pod is remembered. Errors are logged: the creation is then refused by
+    /// [`Reserved::holds`], naming the claim.
+    pub(super) async fn look_up(&self, store: &ClaimStore, (pod_uid, namespace): (&str, &str), marks: &[Mark]) {
         let Some(source) = &self.source else { return };
-        for uid in claims_of(marks) {
-            let Ok(Some(claim)) = store.get(&uid) else { continue };
-            if self.holds(&claim, pod_uid) {
-                continue;
-            }
-            let asked = tokio::time::timeout(LOOKUP_TIMEOUT, source.reserved_for(&claim.namespace, &claim.name)).await;
-            match asked {
-                Ok(Ok((found_uid, pods))) if found_uid == claim.uid => {
+        let wanted: Vec<PreparedClaim> = claims_of(marks)
+            .into_iter()
+            .filter_map(|uid| store.get(&uid).ok().flatten())
+            .filter(|claim| claim.namespace == namespace && !self.holds(claim, pod_uid))
+            .filter(|claim| {
+                marks
+                    .iter()
+                    .filter(|m| m.claim == claim.uid)
+                    .all(|m| tessera_core::dra::marker_token_matches(claim, m))
+            })
+            .take(MAX_LOOKUPS)
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let asks = wanted
+            .iter()
+            .map(|claim| async move { (claim, source.reserved_for(&claim.namespace, &claim.name).await) });
+        let Ok(answers) = tokio::time::timeout(LOOKUP_TIMEOUT, futures_util::future::join_all(asks)).await else {
+            warn!(
+                claims = ?wanted.iter().map(PreparedClaim::key).collect::<Vec<_>>(),
+                "the API server did not say in time whom the claims are reserved for"
+            );
+            return;
+        };
+        for (claim, answer) in answers {
+            match answer {
+                Ok((found_uid, pods)) if found_uid == claim.uid => {
                     if pods.iter().any(|p| p == pod_uid) {
                         debug!(
                             claim = claim.key(),
                             pod_uid, "claim reserved for a pod prepared after it"
                         );
-                        self.learned
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .entry(claim.uid.clone())
-                            .or_default()
-                            .insert(pod_uid.to_string());
+                        self.learn(&claim.uid, pod_uid);
                     }
                 }
-                Ok(Ok((found_uid, _))) => {
-                    warn!(
-                        claim = claim.key(),
-                        found_uid, "the API server's claim is another object than the node prepared"
-                    )
-                }
-                Ok(Err(e)) => warn!(claim = claim.key(), error = e, "cannot read the claim's reservations"),
-                Err(_) => warn!(
+                Ok((found_uid, _)) => warn!(
                     claim = claim.key(),
-                    "the API server did not say in time whom the claim is reserved for"
+                    found_uid, "the API server's claim is another object than the node prepared"
                 ),
+                Err(e) => warn!(claim = claim.key(), error = e, "cannot read the claim's reservations"),
             }
         }
     }
 
-    /// Forgets what was learned of claims no longer recorded on the node.
-    pub(super) fn retain(&self, store: &ClaimStore) {
+    /// Notes that claim `uid` is reserved for pod `pod_uid`.
+    pub(super) fn learn(&self, uid: &str, pod_uid: &str) {
         self.learned
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .retain(|uid, _| matches!(store.get(uid), Ok(Some(_))));
+            .entry(uid.to_string())
+            .or_default()
+            .insert(pod_uid.to_string());
+    }
+
+    /// Keeps what was learned of claims still recorded on the node, for pods still there
+    /// (`live_pods`).
+    pub(super) fn retain(&self, store: &ClaimStore, live_pods: &HashSet<String>) {
+        let mut learned = self.learned.lock().unwrap_or_else(|p| p.into_inner());
+        learned.retain(|uid, pods| {
+            pods.retain(|p| live_pods.contains(p));
+            !pods.is_empty() && matches!(store.get(uid), Ok(Some(_)))
+        });
     }
 }

@@ -96,6 +96,11 @@ pub struct TesseraPlugin {
     proc_root: PathBuf,
 }
 
+/// How long a container's creation may take to decide, under containerd's 2 s
+/// `plugin_request_timeout` (see `deploy/runtime/`): a claims lookup (300 ms) and an MPS
+/// share's ceiling wait (1.5 s) fit in it.
+const CREATE_DEADLINE: std::time::Duration = std::time::Duration::from_millis(1900);
+
 fn status(code: ttrpc::Code, msg: String) -> ttrpc::Error {
     ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg))
 }
@@ -318,7 +323,9 @@ impl TesseraPlugin {
     ) -> Result<api::ContainerAdjustment, String> {
         let marks = tessera_core::dra::marked_claims(&container.env);
         if !marks.is_empty() {
-            self.reservations.look_up(&self.config.claims, &pod.uid, &marks).await;
+            self.reservations
+                .look_up(&self.config.claims, (&pod.uid, &pod.namespace), &marks)
+                .await;
         }
         let adj = self.adjust(pod, container)?;
         let share = self.books.get(&container.id).and_then(|t| t.mps_share);
@@ -393,7 +400,19 @@ impl Plugin for TesseraPlugin {
         req: api::CreateContainerRequest,
     ) -> ttrpc::Result<api::CreateContainerResponse> {
         let (pod, container) = (req.pod.unwrap_or_default(), req.container.unwrap_or_default());
-        match self.create(&pod, &container).await {
+        // Decided within the runtime's patience or refused: a plugin that answers late is
+        // dropped by the runtime, which then creates containers without it.
+        let decided = tokio::time::timeout(CREATE_DEADLINE, self.create(&pod, &container))
+            .await
+            .unwrap_or_else(|_| {
+                self.forget(Some(&container));
+                Err(format!(
+                    "container {:?}: not decided within {} ms (the runtime's NRI timeout is 2 s); refused",
+                    container.name,
+                    CREATE_DEADLINE.as_millis()
+                ))
+            });
+        match decided {
             Ok(adj) => {
                 let mut resp = api::CreateContainerResponse::new();
                 resp.adjust = Some(adj).into();

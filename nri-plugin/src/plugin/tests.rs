@@ -543,12 +543,22 @@ fn a_card_stays_held_by_a_live_container_after_its_claim_and_the_plugin_are_gone
 }
 
 /// Reservations as a test sets them.
-struct FakeReservations(std::collections::HashMap<String, Vec<String>>);
+#[derive(Default)]
+struct FakeReservations {
+    /// `namespace/name` -> the pods the claim is reserved for.
+    claims: std::collections::HashMap<String, Vec<String>>,
+    /// How long the API server takes to answer.
+    delay: std::time::Duration,
+    /// How many times it was asked.
+    asked: std::sync::atomic::AtomicUsize,
+}
 
 #[async_trait::async_trait]
 impl Reservations for FakeReservations {
     async fn reserved_for(&self, namespace: &str, name: &str) -> Result<(String, Vec<String>), String> {
-        self.0
+        self.asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(self.delay).await;
+        self.claims
             .get(&format!("{namespace}/{name}"))
             .map(|pods| ("u-1".to_string(), pods.clone()))
             .ok_or_else(|| format!("claim {namespace}/{name} not found"))
@@ -571,11 +581,13 @@ async fn a_copied_marker_gives_nothing_to_a_pod_the_claim_is_not_reserved_for() 
         ("gpu-5", None, AllocatedDevice::whole(card)),
         &token,
     );
-    let reserved =
-        FakeReservations([("team-a/whole".to_string(), vec!["uid-first".into(), "uid-later".into()])].into());
+    let reserved = std::sync::Arc::new(FakeReservations {
+        claims: [("team-a/whole".to_string(), vec!["uid-first".into(), "uid-later".into()])].into(),
+        ..Default::default()
+    });
     let plugin = node
         .plugin(ShareEnforcement::None)
-        .looking_up_reservations(std::sync::Arc::new(reserved));
+        .looking_up_reservations(reserved.clone());
     let container = |pod_name: &str| {
         let mut pod = api::PodSandbox::new();
         (pod.uid, pod.name, pod.namespace) = (format!("uid-{pod_name}"), pod_name.into(), "team-a".into());
@@ -592,6 +604,81 @@ async fn a_copied_marker_gives_nothing_to_a_pod_the_claim_is_not_reserved_for() 
     let (pod, ctr) = container("later");
     plugin.create(&pod, &ctr).await.unwrap();
     assert_eq!(plugin.tracked()["ctr-later"].devices, [AllocatedDevice::whole(card)]);
+    // A forged token costs no lookup: the API server is asked only about markers the node
+    // made (first: listed in the record; copycat and later: asked once each).
+    let asked = || reserved.asked.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(asked(), 2);
+    let (pod, mut ctr) = container("forger");
+    ctr.env = vec![format!("{}=0000", dra::marker_env("u-1", "gpu"))];
+    assert!(
+        plugin
+            .create(&pod, &ctr)
+            .await
+            .unwrap_err()
+            .contains("does not carry the claim's token")
+    );
+    assert_eq!(asked(), 2);
+    // After a restart, the copycat's container (valid token, no grant record: it was refused)
+    // is not booked from its environment: the claim is not reserved for it.
+    let (copy_pod, copy) = container("copycat");
+    let restarted = node.plugin(ShareEnforcement::None);
+    restarted.rebuild(&[copy_pod], &[copy]);
+    assert!(restarted.tracked().is_empty(), "{:?}", restarted.tracked());
+}
+
+/// A slow API server cannot hold a container's creation past the runtime's patience (which
+/// drops a plugin that answers late, and creates containers without it): the lookups of a
+/// container's claims (five here, each named with its real token) run together within 300 ms,
+/// and a claim not known to be reserved for the pod by then is refused. Before, they ran one
+/// after another, 400 ms each.
+#[tokio::test]
+async fn a_slow_api_server_does_not_hold_a_creation_up() {
+    let node = Node::new();
+    let mut env = Vec::new();
+    let mut claims = std::collections::HashMap::new();
+    for i in 0..5 {
+        let (uid, name) = (format!("u-{i}"), format!("whole-{i}"));
+        let token = tessera_core::dra::new_token();
+        record(
+            &node.store(),
+            (&uid, &name, &["uid-first"]),
+            (&format!("gpu-{i}"), None, AllocatedDevice::whole(&node.inv.gpus[i])),
+            &token,
+        );
+        env.push(format!("{}={token}", tessera_core::dra::marker_env(&uid, "gpu")));
+        claims.insert(format!("team-a/{name}"), vec!["uid-first".to_string()]);
+    }
+    let slow = std::sync::Arc::new(FakeReservations {
+        claims,
+        delay: std::time::Duration::from_secs(10),
+        ..Default::default()
+    });
+    let plugin = node.plugin(ShareEnforcement::None).looking_up_reservations(slow);
+    let mut pod = api::PodSandbox::new();
+    (pod.uid, pod.name, pod.namespace) = ("uid-later".into(), "later".into(), "team-a".into());
+    let mut ctr = api::Container::new();
+    (ctr.id, ctr.name, ctr.env) = ("ctr-later".into(), "main".into(), env);
+    let began = std::time::Instant::now();
+    let err = plugin.create(&pod, &ctr).await.unwrap_err();
+    assert!(
+        began.elapsed() < std::time::Duration::from_secs(1),
+        "{:?}",
+        began.elapsed()
+    );
+    assert!(err.contains("is not reserved for this pod"), "{err}");
+}
+
+/// A grant that cannot be recorded is not made: the record is how a restarted plugin and the
+/// DRA plugin know the container holds its card.
+#[test]
+fn a_grant_that_cannot_be_recorded_is_refused() {
+    let node = Node::new();
+    std::fs::write(node.dir.path().join("grants"), b"not a directory").unwrap();
+    let plugin = node.plugin(ShareEnforcement::None);
+    let (pod, ctr) = node.signed("whole", AllocatedDevice::whole(&node.inv.gpus[0]), &[]);
+    let err = plugin.adjust(&pod, &ctr).unwrap_err();
+    assert!(err.contains("cannot record its grant"), "{err}");
+    assert!(plugin.tracked().is_empty());
 }
 
 /// MPS serves one user per card: a share whose process starts as another user than the card's
