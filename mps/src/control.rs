@@ -11,6 +11,91 @@ use tessera_core::enforcement::{MpsCeiling, MpsLayout};
 use tokio::io::AsyncWriteExt as _;
 use tokio::process::Command;
 
+/// Why a control command, or finding the MPS programs, failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// An MPS program is not among the driver's files.
+    #[error("{program} not found under driver root {} (tessera-cdi-generator driver lists what was found)", root.display())]
+    NotFound {
+        /// The program.
+        program: &'static str,
+        /// The driver root searched.
+        root: PathBuf,
+    },
+    /// The control client could not be run.
+    #[error("running {}", program.display())]
+    Spawn {
+        /// The control client.
+        program: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The command could not be given to the control client, or its end not awaited.
+    #[error("{what} {cmd:?} and the control client")]
+    Pipe {
+        /// What failed (`writing`, `waiting for`).
+        what: &'static str,
+        /// The command.
+        cmd: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The daemon did not answer in time.
+    #[error("{cmd:?} got no answer within {}s", within.as_secs())]
+    NoAnswer {
+        /// The command.
+        cmd: String,
+        /// How long it was given.
+        within: Duration,
+    },
+    /// The control client said the command failed.
+    #[error("{cmd:?} failed ({status}): {said}")]
+    Failed {
+        /// The command.
+        cmd: String,
+        /// The client's exit status.
+        status: std::process::ExitStatus,
+        /// What it said.
+        said: String,
+    },
+    /// The daemon turned the command away (busy with another client) until the time ran out.
+    #[error("{cmd:?} was turned away until {}s passed ({status}: {said})", within.as_secs())]
+    TurnedAway {
+        /// The command.
+        cmd: String,
+        /// How long it was tried.
+        within: Duration,
+        /// The last try's exit status.
+        status: std::process::ExitStatus,
+        /// What the last try said.
+        said: String,
+    },
+    /// An answer that is not what the command answers.
+    #[error("unexpected answer {answer:?} to {cmd:?}")]
+    Unexpected {
+        /// The command.
+        cmd: String,
+        /// The answer.
+        answer: String,
+    },
+    /// The daemon does not hold a ceiling just set.
+    #[error(
+        "the daemon holds {held_percentage}% and {held_memory:?} after being set to {percentage}% and {memory_mib} MiB"
+    )]
+    NotHeld {
+        /// The percentage it holds.
+        held_percentage: f64,
+        /// The memory limit it prints.
+        held_memory: String,
+        /// The percentage set.
+        percentage: u32,
+        /// The memory set, MiB.
+        memory_mib: u64,
+    },
+}
+
 /// The driver's MPS programs and what they need to run (as this process sees them).
 #[derive(Debug, Clone)]
 pub struct MpsBinaries {
@@ -26,7 +111,7 @@ pub struct MpsBinaries {
 impl MpsBinaries {
     /// Finds the MPS programs among the driver's files (the same search the CDI generator
     /// makes), under `host_root`.
-    pub fn from_driver(driver: &tessera_node::driver::Driver, host_root: &Path) -> Result<Self, String> {
+    pub fn from_driver(driver: &tessera_node::driver::Driver, host_root: &Path) -> Result<Self, ControlError> {
         use tessera_core::driver::DriverFileKind;
         let local = |f: &tessera_core::driver::DriverFile| {
             let h = driver.host_path(f);
@@ -39,18 +124,12 @@ impl MpsBinaries {
                 .find(|f| f.kind == DriverFileKind::Binary && f.name() == name)
                 .map(local)
         };
-        let control = find("nvidia-cuda-mps-control").ok_or_else(|| {
-            format!(
-                "nvidia-cuda-mps-control not found under driver root {} (tessera-cdi-generator driver lists what was found)",
-                driver.root.display()
-            )
-        })?;
-        let server = find("nvidia-cuda-mps-server").ok_or_else(|| {
-            format!(
-                "nvidia-cuda-mps-server not found under driver root {}",
-                driver.root.display()
-            )
-        })?;
+        let missing = |program| ControlError::NotFound {
+            program,
+            root: driver.root.clone(),
+        };
+        let control = find("nvidia-cuda-mps-control").ok_or_else(|| missing("nvidia-cuda-mps-control"))?;
+        let server = find("nvidia-cuda-mps-server").ok_or_else(|| missing("nvidia-cuda-mps-server"))?;
         let mut library_dirs: Vec<PathBuf> = driver
             .files
             .iter()
@@ -98,7 +177,7 @@ impl MpsBinaries {
         uuid: &str,
         cmd: &str,
         timeout: Duration,
-    ) -> Result<String, String> {
+    ) -> Result<String, ControlError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -110,16 +189,21 @@ impl MpsBinaries {
                 return if reply.status.success() {
                     Ok(reply.stdout.trim().to_string())
                 } else {
-                    Err(format!("{cmd:?} failed ({}): {why}", reply.status))
+                    Err(ControlError::Failed {
+                        cmd: cmd.to_string(),
+                        status: reply.status,
+                        said: why.to_string(),
+                    })
                 };
             }
             if tokio::time::Instant::now() + BUSY_RETRY >= deadline {
                 let why = if said.is_empty() { "nothing said" } else { said };
-                return Err(format!(
-                    "{cmd:?} was turned away until {}s passed ({}: {why})",
-                    timeout.as_secs(),
-                    reply.status
-                ));
+                return Err(ControlError::TurnedAway {
+                    cmd: cmd.to_string(),
+                    within: timeout,
+                    status: reply.status,
+                    said: why.to_string(),
+                });
             }
             tokio::time::sleep(BUSY_RETRY).await;
         }
@@ -132,7 +216,7 @@ impl MpsBinaries {
         uuid: &str,
         cmd: &str,
         timeout: Duration,
-    ) -> Result<ClientReply, String> {
+    ) -> Result<ClientReply, ControlError> {
         let mut child = Command::new(&self.control)
             .envs(self.env(layout, uuid))
             .stdin(Stdio::piped())
@@ -140,19 +224,35 @@ impl MpsBinaries {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("running {}: {e}", self.control.display()))?;
+            .map_err(|source| ControlError::Spawn {
+                program: self.control.clone(),
+                source,
+            })?;
         let mut stdin = child.stdin.take().expect("piped");
         let unread = match stdin.write_all(format!("{cmd}\n").as_bytes()).await {
             // The client gave up before reading its command: turned away, whatever it printed.
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => true,
-            Err(e) => return Err(format!("writing {cmd:?} to the control client: {e}")),
+            Err(source) => {
+                return Err(ControlError::Pipe {
+                    what: "writing",
+                    cmd: cmd.to_string(),
+                    source,
+                });
+            }
             Ok(()) => false,
         };
         drop(stdin);
         let out = tokio::time::timeout(timeout, child.wait_with_output())
             .await
-            .map_err(|_| format!("{cmd:?} got no answer within {}s", timeout.as_secs()))?
-            .map_err(|e| format!("waiting for the control client: {e}"))?;
+            .map_err(|_| ControlError::NoAnswer {
+                cmd: cmd.to_string(),
+                within: timeout,
+            })?
+            .map_err(|source| ControlError::Pipe {
+                what: "waiting for",
+                cmd: cmd.to_string(),
+                source,
+            })?;
         Ok(ClientReply {
             unread,
             status: out.status,
@@ -209,14 +309,19 @@ impl MpsBinaries {
     /// The daemon's defaults for the servers it starts, as it answers them (device 0: the
     /// daemon sees only its card): the percentage, and the memory limit as printed (empty when
     /// none is set).
-    pub async fn defaults(&self, layout: &MpsLayout, uuid: &str, timeout: Duration) -> Result<(f64, String), String> {
+    pub async fn defaults(
+        &self,
+        layout: &MpsLayout,
+        uuid: &str,
+        timeout: Duration,
+    ) -> Result<(f64, String), ControlError> {
         let pct = self
             .command(layout, uuid, "get_default_active_thread_percentage", timeout)
             .await?;
-        let pct: f64 = pct
-            .trim()
-            .parse()
-            .map_err(|_| format!("unexpected active thread percentage {pct:?}"))?;
+        let pct: f64 = pct.trim().parse().map_err(|_| ControlError::Unexpected {
+            cmd: "get_default_active_thread_percentage".into(),
+            answer: pct.clone(),
+        })?;
         let mem = self
             .command(layout, uuid, "get_default_device_pinned_mem_limit 0", timeout)
             .await?;
@@ -231,7 +336,7 @@ impl MpsBinaries {
         uuid: &str,
         ceiling: &MpsCeiling,
         timeout: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), ControlError> {
         for cmd in default_commands(ceiling) {
             self.command(layout, uuid, &cmd, timeout).await?;
         }
@@ -245,9 +350,12 @@ impl MpsBinaries {
         let (pct, mib) = limits(ceiling);
         match self.defaults(layout, uuid, timeout).await? {
             (p, m) if (p - f64::from(pct)).abs() < 0.05 && m == shown(mib) => Ok(()),
-            (p, m) => Err(format!(
-                "the daemon holds {p}% and {m:?} after being set to {pct}% and {mib} MiB"
-            )),
+            (p, m) => Err(ControlError::NotHeld {
+                held_percentage: p,
+                held_memory: m,
+                percentage: pct,
+                memory_mib: mib,
+            }),
         }
     }
 
@@ -259,7 +367,7 @@ impl MpsBinaries {
         layout: &MpsLayout,
         uuid: &str,
         timeout: Duration,
-    ) -> Result<Vec<(String, String, String)>, String> {
+    ) -> Result<Vec<(String, String, String)>, ControlError> {
         let servers = self.command(layout, uuid, "get_server_list", timeout).await?;
         let mut held = Vec::new();
         for pid in server_pids(&servers) {

@@ -111,7 +111,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             path_dirs: control.parent().map(PathBuf::from).into_iter().collect(),
             library_dirs: Vec::new(),
         },
-        None => MpsBinaries::from_driver(&nvml.driver(), &args.host_root).map_err(anyhow::Error::msg)?,
+        None => MpsBinaries::from_driver(&nvml.driver(), &args.host_root)?,
     };
     info!(control = %binaries.control.display(), root = %args.mps_root.display(), "supervising MPS daemons");
     let mut config = SupervisorConfig::new(

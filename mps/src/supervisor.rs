@@ -636,7 +636,7 @@ async fn start(
             _ = tokio::time::sleep(Duration::from_millis(200)) => {
                 match config.binaries.command(&config.layout, uuid, HEALTH_QUERY, config.command_timeout).await {
                     Ok(_) => break,
-                    Err(e) => last_err = e,
+                    Err(e) => last_err = e.to_string(),
                 }
             }
         }
@@ -737,13 +737,13 @@ async fn check(
     let read = async {
         let defaults = config.binaries.defaults(layout, uuid, timeout).await?;
         let servers = config.binaries.server_limits(layout, uuid, timeout).await?;
-        Ok::<_, String>((defaults, servers))
+        Ok::<_, crate::control::ControlError>((defaults, servers))
     };
     let ((pct, mem), servers) = match read.await {
         Ok(held) => held,
         Err(e) => {
             *missed += 1;
-            warn!(uuid, missed = *missed, error = e, "MPS daemon check failed");
+            warn!(uuid, missed = *missed, error = %e, "MPS daemon check failed");
             return (*missed >= config.max_missed).then(|| format!("stopped answering: {e}"));
         }
     };
@@ -805,7 +805,7 @@ async fn sync_ceiling(config: &SupervisorConfig, uuid: &str, state: &mut MpsStat
             state.ceiling = Some(wanted);
         }
         Err(e) => {
-            warn!(uuid, error = e, "cannot set the MPS ceiling");
+            warn!(uuid, error = %e, "cannot set the MPS ceiling");
             state.ceiling = None;
         }
     }

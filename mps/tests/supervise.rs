@@ -860,7 +860,11 @@ fn a_read_meeting_a_held_control_connection_waits_for_the_answer() {
             let _ = writeln!(stdin, "get_default_active_thread_percentage");
         });
         let started = Instant::now();
-        assert_eq!(read(), Ok("1.0".to_string()), "round {round}");
+        assert_eq!(
+            read().map_err(|e| e.to_string()),
+            Ok("1.0".to_string()),
+            "round {round}"
+        );
         assert!(
             started.elapsed() >= Duration::from_millis(300),
             "round {round}: answered while the connection was held"
