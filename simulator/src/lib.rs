@@ -4,6 +4,7 @@
 //! at a time, never delete, drop a task that fits nowhere.
 
 pub mod chart;
+pub mod check;
 pub mod embedded;
 pub mod report;
 pub mod trace;
@@ -137,7 +138,10 @@ pub fn run(scenario: &Scenario, policy: impl Into<Policies>, seed: u64, on_task:
     let capacity = cluster.gpu_capacity_milli() as f64;
     let target = scenario.inflate_to / 100.0 * capacity;
     let mut total: f64 = tasks.iter().map(|t| t.gpu_milli() as f64).sum();
-    while total < target && !scenario.tasks.is_empty() {
+    // Tasks that ask for no GPU never reach the target; the cap bounds a scenario that was not
+    // checked (`check` refuses one expected to submit half as many).
+    let cap = 2 * check::MAX_TASKS_PER_RUN as usize;
+    while total < target && total > 0.0 && tasks.len() < cap {
         let t = &scenario.tasks[rng.below(scenario.tasks.len() as u64) as usize];
         total += t.gpu_milli() as f64;
         tasks.push(t);

@@ -1,16 +1,21 @@
-//! `tessera-simulator`: replays a cluster trace (the embedded default when none is given)
-//! through the placement engine, once per policy and seed, and prints how much of the GPU
+//! `tessera-simulator`: compares placement policies on a cluster trace.
+//!
+//! It replays the trace (the embedded default when none is given) through the placement
+//! engine, once per policy and seed, and prints how much of the GPU
 //! capacity each policy allocated as the workload arrived; writes the chart (SVG) and, on
-//! request, CSV and JSON.
+//! request, CSV and JSON. A trace is checked before the run (see
+//! [`tessera_simulator::check`]).
 
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use clap::{Args, Parser};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_core::placement::PodDemand;
-use tessera_simulator::{self as simulate, Scenario, chart, embedded, report, trace};
+use tessera_simulator::{self as simulate, Scenario, chart, check, embedded, report, trace};
 
 /// Replay a cluster trace through Tessera's placement engine (the embedded default when no
 /// trace is given) and compare policies.
@@ -118,7 +123,23 @@ fn peak_rss_mib() -> f64 {
     usage.ru_maxrss as f64 / 1024.0
 }
 
-fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
+/// A write to standard output that failed (a full disk, a closed pipe).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to standard output")]
+struct StdoutError(#[source] std::io::Error);
+
+/// Writes `text` to `out`.
+fn say(out: &mut dyn Write, text: std::fmt::Arguments<'_>) -> Result<(), StdoutError> {
+    out.write_fmt(text).map_err(StdoutError)
+}
+
+/// A line on standard error (progress, errors); a failed write there is dropped.
+fn note(text: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr(), "{text}");
+}
+
+/// The flags that need no input read.
+fn validate(args: &SimulateArgs) -> anyhow::Result<Vec<u64>> {
     let seeds = parse_seeds(&args.seeds)?;
     if args.threads == Some(0) {
         bail!("--threads=0: at least 1");
@@ -131,6 +152,41 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     {
         bail!("--policies: {p} given twice");
     }
+    Ok(seeds)
+}
+
+/// Makes the output directory and writes a file in it, so that a directory that cannot take
+/// the chart is refused before the run, not after it.
+fn probe_out_dir(dir: &Path) -> anyhow::Result<()> {
+    let bad = |what: &str| {
+        format!(
+            "--out-dir={}: cannot {what} (the chart is written there)",
+            dir.display()
+        )
+    };
+    std::fs::create_dir_all(dir).with_context(|| bad("create it"))?;
+    let probe = dir.join(format!(".tessera-simulator-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"probe").with_context(|| bad("write in it"))?;
+    std::fs::remove_file(&probe).with_context(|| bad("remove a file from it"))?;
+    Ok(())
+}
+
+/// The inputs: the trace's files, or the embedded default.
+struct Inputs {
+    /// A label for reports (the pod list's stem).
+    name: String,
+    /// Where the nodes and the tasks come from, for messages.
+    nodes_from: String,
+    tasks_from: String,
+    nodes: Vec<trace::TraceNode>,
+    tasks: Vec<trace::TraceTask>,
+    /// The embedded default (no files).
+    embedded: bool,
+}
+
+const EMBEDDED: &str = "the embedded default";
+
+fn load(args: &SimulateArgs) -> anyhow::Result<Inputs> {
     let nodes_path = args
         .nodes
         .clone()
@@ -140,59 +196,117 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
             .as_ref()
             .map(|d| d.join(format!("openb_pod_list_{}.csv", args.variant)))
     });
-    let (name, nodes, tasks) = match (&nodes_path, &pods_path) {
-        (None, None) => ("embedded default".to_string(), embedded::nodes(), embedded::tasks()),
-        (Some(n), Some(p)) => (
-            p.file_stem()
+    let inputs = match (&nodes_path, &pods_path) {
+        (None, None) => Inputs {
+            name: "embedded default".to_string(),
+            nodes_from: EMBEDDED.into(),
+            tasks_from: EMBEDDED.into(),
+            nodes: embedded::nodes(),
+            tasks: embedded::tasks(),
+            embedded: true,
+        },
+        (Some(n), Some(p)) => Inputs {
+            name: p
+                .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_default(),
-            trace::read_nodes(n)?,
-            trace::read_tasks(p)?,
-        ),
+            nodes_from: n.display().to_string(),
+            tasks_from: p.display().to_string(),
+            nodes: trace::read_nodes(n)?,
+            tasks: trace::read_tasks(p)?,
+            embedded: false,
+        },
         _ => bail!("give both --nodes and --pods, or --trace"),
     };
-    let source = nodes_path
-        .as_ref()
-        .map_or("the embedded default".to_string(), |p| p.display().to_string());
-    if nodes.iter().all(|n| n.gpus == 0) {
+    if inputs.nodes.iter().all(|n| n.gpus == 0) {
         bail!(
-            "{source}: no node with a GPU ({} node(s)): nothing to place GPU tasks on",
-            nodes.len()
+            "{}: no node with a GPU ({} node(s)): nothing to place GPU tasks on",
+            inputs.nodes_from,
+            inputs.nodes.len()
         );
     }
-    if tasks.is_empty() {
-        bail!(
-            "{}: no task to replay",
-            pods_path
-                .as_ref()
-                .map_or("the embedded default".to_string(), |p| p.display().to_string())
-        );
+    if inputs.tasks.is_empty() {
+        bail!("{}: no task to replay", inputs.tasks_from);
     }
-    let demands: Vec<PodDemand> = tasks.iter().map(trace::TraceTask::demand).collect();
-    let scenario = Scenario::new(name.clone(), trace::cluster_of(&nodes), demands);
+    Ok(inputs)
+}
+
+/// The scenario of `inputs`, checked: refused when it cannot be run in bounded work or none of
+/// it fits.
+fn scenario(inputs: &Inputs) -> anyhow::Result<(Scenario, check::Plan)> {
+    let demands: Vec<PodDemand> = inputs.tasks.iter().map(trace::TraceTask::demand).collect();
+    let scenario = Scenario::new(inputs.name.clone(), trace::cluster_of(&inputs.nodes), demands);
+    let name = |i: usize| inputs.tasks[i].name.clone();
+    let plan = check::check(&scenario, &name).map_err(|e| {
+        if inputs.embedded {
+            anyhow!("{EMBEDDED}: {e}")
+        } else {
+            anyhow!("{} on the nodes of {}: {e}", inputs.tasks_from, inputs.nodes_from)
+        }
+    })?;
+    Ok((scenario, plan))
+}
+
+fn simulate(args: SimulateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let seeds = validate(&args)?;
+    let inputs = load(&args)?;
+    let (scenario, plan) = scenario(&inputs)?;
+    probe_out_dir(&args.out_dir)?;
     let capacity = scenario.cluster.gpu_capacity_milli();
     let requested: u64 = scenario.tasks.iter().map(PodDemand::gpu_milli).sum();
-    println!(
-        "{name}: {} nodes, {} GPUs, {} tasks ({:.1}% of GPU capacity); {} workload classes; seeds {}; policies {}",
-        nodes.len(),
-        capacity / 1000,
-        tasks.len(),
-        100.0 * requested as f64 / capacity.max(1) as f64,
-        scenario.workload.classes.len(),
-        show_seeds(&seeds),
-        args.policies
-            .iter()
-            .map(|p| p.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    );
+    say(
+        out,
+        format_args!(
+            "{}: {} nodes, {} GPUs, {} tasks ({:.1}% of GPU capacity); {} workload classes; seeds {}; policies {}\n",
+            inputs.name,
+            inputs.nodes.len(),
+            capacity / 1000,
+            inputs.tasks.len(),
+            100.0 * requested as f64 / capacity.max(1) as f64,
+            scenario.workload.classes.len(),
+            show_seeds(&seeds),
+            args.policies
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    )?;
+    if let Some(w) = plan.warning() {
+        say(out, format_args!("{w}\n"))?;
+    }
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let per_run = (scenario.tasks.len() as f64 * scenario.inflate_to
-        / (100.0 * requested as f64 / capacity.max(1) as f64))
-        .ceil();
-    let total = (per_run * (args.policies.len() * seeds.len()) as f64) as u64;
+    let runs = (args.policies.len() * seeds.len()) as u64;
+    let (results, wall) = replay(&scenario, &args, &seeds, threads, plan.tasks_per_run * runs);
+    let series = report::summarize(&results);
+    say(out, format_args!("{}", report::text(&series)))?;
+    say(
+        out,
+        format_args!(
+            "\n{} runs ({} policies x {} seeds) on {threads} thread(s): wall {:.1} s, peak RSS {:.0} MiB\n",
+            results.len(),
+            args.policies.len(),
+            seeds.len(),
+            wall.as_secs_f64(),
+            peak_rss_mib()
+        ),
+    )?;
+    write_files(&args, &inputs.name, &series, &results, out)?;
+    out.flush().map_err(StdoutError)?;
+    Ok(())
+}
+
+/// Runs every policy with every seed, with a progress bar on a terminal and a line at each
+/// tenth of the runs off one; `total` is the expected number of tasks submitted.
+fn replay(
+    scenario: &Scenario,
+    args: &SimulateArgs,
+    seeds: &[u64],
+    threads: usize,
+    total: u64,
+) -> (Vec<simulate::RunResult>, std::time::Duration) {
     let bar = if args.quiet {
         ProgressBar::hidden()
     } else {
@@ -212,51 +326,51 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         // `total` is an estimate: nothing is said past it.
         if lines && d < total && d * 10 / total > (d - 1) * 10 / total {
             let elapsed = start.elapsed().as_secs_f64();
-            eprintln!(
+            note(format_args!(
                 "simulate: {}% ({d} of about {total} tasks placed), {elapsed:.0} s elapsed, about {:.0} s left",
                 d * 100 / total,
                 elapsed * (total - d) as f64 / d as f64
-            );
+            ));
         }
     };
-    let results = simulate::run_all(&scenario, &args.policies, &seeds, threads, &tick);
+    let results = simulate::run_all(scenario, &args.policies, seeds, threads, &tick);
     if lines {
-        eprintln!(
+        note(format_args!(
             "simulate: done, {} runs in {:.1} s",
             results.len(),
             start.elapsed().as_secs_f64()
-        );
+        ));
     }
     bar.finish_and_clear();
-    let wall = start.elapsed();
-    let series = report::summarize(&results);
-    print!("{}", report::text(&series));
-    println!(
-        "\n{} runs ({} policies x {} seeds) on {threads} thread(s): wall {:.1} s, peak RSS {:.0} MiB",
-        results.len(),
-        args.policies.len(),
-        seeds.len(),
-        wall.as_secs_f64(),
-        peak_rss_mib()
-    );
+    (results, start.elapsed())
+}
+
+/// Writes the chart and, on request, the CSV and JSON, and says where.
+fn write_files(
+    args: &SimulateArgs,
+    name: &str,
+    series: &[report::PolicySeries],
+    results: &[simulate::RunResult],
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out_dir).with_context(|| format!("creating {}", args.out_dir.display()))?;
     let stem = name.replace(' ', "-");
     let chart_path = args.out_dir.join(format!("{stem}.svg"));
     std::fs::write(
         &chart_path,
-        chart::svg(&format!("GPU allocation ratio, {name}"), &series),
+        chart::svg(&format!("GPU allocation ratio, {name}"), series),
     )
     .with_context(|| format!("writing {}", chart_path.display()))?;
-    println!("chart: {}", chart_path.display());
+    say(out, format_args!("chart: {}\n", chart_path.display()))?;
     if args.csv {
         let p = args.out_dir.join(format!("{stem}.csv"));
-        std::fs::write(&p, report::csv(&series)).with_context(|| format!("writing {}", p.display()))?;
-        println!("csv: {}", p.display());
+        std::fs::write(&p, report::csv(series)).with_context(|| format!("writing {}", p.display()))?;
+        say(out, format_args!("csv: {}\n", p.display()))?;
     }
     if args.json {
         let p = args.out_dir.join(format!("{stem}.json"));
-        std::fs::write(&p, serde_json::to_string(&results)?).with_context(|| format!("writing {}", p.display()))?;
-        println!("json: {}", p.display());
+        std::fs::write(&p, serde_json::to_string(results)?).with_context(|| format!("writing {}", p.display()))?;
+        say(out, format_args!("json: {}\n", p.display()))?;
     }
     Ok(())
 }
@@ -272,7 +386,19 @@ fn quiet_on_closed_stdout() {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     quiet_on_closed_stdout();
-    simulate(Cli::parse().args)
+    let args = Cli::parse().args;
+    let Err(e) = simulate(args, &mut std::io::stdout()) else {
+        return ExitCode::SUCCESS;
+    };
+    // A reader that stopped early (with SIGPIPE blocked, so that the write says so instead of
+    // the signal ending the process) is no error: end quietly, as `head` expects.
+    if e.downcast_ref::<StdoutError>()
+        .is_some_and(|s| s.0.kind() == std::io::ErrorKind::BrokenPipe)
+    {
+        return ExitCode::SUCCESS;
+    }
+    note(format_args!("Error: {e:?}"));
+    ExitCode::FAILURE
 }

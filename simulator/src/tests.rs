@@ -98,3 +98,16 @@ fn fragmentation_aware_policies_beat_random() {
         "axis from {first_label}, data from {lowest}"
     );
 }
+
+/// A workload asking for no GPU never reaches the replay's target: the run does not inflate it
+/// (it looped, growing without end).
+#[test]
+fn a_run_without_gpu_tasks_ends() {
+    let mut s = small();
+    s.tasks.retain(|t| t.gpu_milli() == 0);
+    assert!(!s.tasks.is_empty());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(run(&s, PolicyKind::Fgd, 42, &|| {}).submitted));
+    let submitted = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("run ended");
+    assert!(submitted < 300, "{submitted}");
+}

@@ -1,6 +1,7 @@
 //! The Alibaba GPU trace (cluster-trace-gpu-v2023, "openb") CSV files.
 
 use std::collections::HashMap;
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use tessera_core::placement::{CARD_MILLI, CardDemand, CardState, ClusterState, NodeState, PodDemand};
@@ -30,6 +31,18 @@ pub enum TraceError {
     /// A task the engine cannot express.
     #[error("{path}:{line}: {reason}")]
     Task { path: PathBuf, line: usize, reason: String },
+    /// A value outside what the simulator accepts.
+    #[error("{path}:{line}: {column}={value}: {why}")]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        column: &'static str,
+        value: String,
+        why: String,
+    },
+    /// A file too large to replay.
+    #[error("{path}: {what}")]
+    TooLarge { path: PathBuf, what: String },
 }
 
 /// One trace node.
@@ -99,54 +112,98 @@ fn model_memory_mib(model: &str) -> u64 {
     }
 }
 
+/// The largest trace file read (the public trace's pod lists are about 0.6 MB): a bigger file
+/// is refused before it is read whole.
+pub const MAX_FILE_BYTES: u64 = 128 << 20;
+/// The most nodes a node list may have: four times Kubernetes' documented limit of 5,000 nodes
+/// per cluster (the public trace has 1,213 GPU nodes).
+pub const MAX_NODES: usize = 20_000;
+/// The most GPUs one node (or one task) may have: real servers have up to 16, and 64 is the
+/// most Tessera's topology describes ([`tessera_core::topology::MAX_TOPOLOGY_GPUS`]). Each
+/// card is modelled one by one, so this bounds the cluster's memory.
+pub const MAX_GPUS_PER_NODE: u32 = tessera_core::topology::MAX_TOPOLOGY_GPUS as u32;
+/// The most rows a pod list may have (the public trace has 8,152).
+pub const MAX_TASKS: usize = 1_000_000;
+/// The most CPU a node or a task may name, millicores (100,000 cores).
+pub const MAX_CPU_MILLI: u64 = 100_000_000;
+/// The most memory a node or a task may name, MiB (1 PiB; its bytes must fit 64 bits).
+pub const MAX_MEMORY_MIB: u64 = 1 << 30;
+
+/// A CSV file read whole; rows are split into fields only when read, so that a file of
+/// commas costs no more than its size.
 struct Csv {
     path: PathBuf,
-    columns: HashMap<String, usize>,
-    rows: Vec<(usize, Vec<String>)>,
+    text: String,
+    header: std::ops::Range<usize>,
+    /// Per non-empty row: its line number (1 = the header) and where it lies in `text`.
+    rows: Vec<(usize, std::ops::Range<usize>)>,
 }
 
+/// One row of a [`Csv`].
+type Row = (usize, std::ops::Range<usize>);
+
 impl Csv {
-    fn read(path: &Path) -> Result<Self, TraceError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TraceError::Read {
+    fn read(path: &Path, max_rows: usize) -> Result<Self, TraceError> {
+        let read = |source| TraceError::Read {
             path: path.into(),
             source,
-        })?;
-        Ok(Self::parse(&text, path))
-    }
-
-    fn parse(text: &str, path: &Path) -> Self {
-        let mut lines = text.lines().enumerate();
-        let header = lines.next().map(|(_, h)| h).unwrap_or_default();
-        let columns = header
-            .split(',')
-            .enumerate()
-            .map(|(i, c)| (c.trim().to_string(), i))
-            .collect();
-        let rows = lines
-            .filter(|(_, l)| !l.trim().is_empty())
-            .map(|(n, l)| (n + 1, l.split(',').map(|f| f.trim().to_string()).collect()))
-            .collect();
-        Self {
-            path: path.into(),
-            columns,
-            rows,
+        };
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_string(&mut text))
+            .map_err(read)?;
+        if text.len() as u64 > MAX_FILE_BYTES {
+            return Err(TraceError::TooLarge {
+                path: path.into(),
+                what: format!("larger than {} MiB", MAX_FILE_BYTES >> 20),
+            });
         }
+        Self::parse(text, path, max_rows)
     }
 
-    fn col(&self, name: &'static str) -> Result<usize, TraceError> {
-        self.columns.get(name).copied().ok_or(TraceError::Column {
-            path: self.path.clone(),
-            column: name,
+    fn parse(text: String, path: &Path, max_rows: usize) -> Result<Self, TraceError> {
+        let mut header = 0..0;
+        let mut rows = Vec::new();
+        let mut at = 0;
+        for (n, line) in text.split_inclusive('\n').enumerate() {
+            let range = at..at + line.trim_end_matches(['\n', '\r']).len();
+            at += line.len();
+            if n == 0 {
+                header = range;
+            } else if !text[range.clone()].trim().is_empty() {
+                if rows.len() == max_rows {
+                    return Err(TraceError::TooLarge {
+                        path: path.into(),
+                        what: format!("more than {max_rows} rows"),
+                    });
+                }
+                rows.push((n + 1, range));
+            }
+        }
+        Ok(Self {
+            path: path.into(),
+            text,
+            header,
+            rows,
         })
     }
 
-    fn num<T: std::str::FromStr>(
-        &self,
-        row: &(usize, Vec<String>),
-        col: usize,
-        name: &'static str,
-    ) -> Result<T, TraceError> {
-        let v = row.1.get(col).map(String::as_str).unwrap_or("");
+    fn col(&self, name: &'static str) -> Result<usize, TraceError> {
+        self.text[self.header.clone()]
+            .split(',')
+            .position(|c| c.trim() == name)
+            .ok_or(TraceError::Column {
+                path: self.path.clone(),
+                column: name,
+            })
+    }
+
+    fn field(&self, row: &Row, col: usize) -> &str {
+        self.text[row.1.clone()].split(',').nth(col).map_or("", str::trim)
+    }
+
+    fn num<T: std::str::FromStr>(&self, row: &Row, col: usize, name: &'static str) -> Result<T, TraceError> {
+        let v = self.field(row, col);
         v.parse().map_err(|_| TraceError::Value {
             path: self.path.clone(),
             line: row.0,
@@ -155,11 +212,33 @@ impl Csv {
             what: "number",
         })
     }
+
+    /// A number no larger than `max`.
+    fn num_at_most<T>(&self, row: &Row, col: usize, name: &'static str, max: T, why: &str) -> Result<T, TraceError>
+    where
+        T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+    {
+        let v: T = self.num(row, col, name)?;
+        if v > max {
+            return Err(self.invalid(row, name, v, format!("at most {max} {why}")));
+        }
+        Ok(v)
+    }
+
+    fn invalid(&self, row: &Row, column: &'static str, value: impl std::fmt::Display, why: String) -> TraceError {
+        TraceError::Invalid {
+            path: self.path.clone(),
+            line: row.0,
+            column,
+            value: value.to_string(),
+            why,
+        }
+    }
 }
 
 /// Reads an openb node list.
 pub fn read_nodes(path: &Path) -> Result<Vec<TraceNode>, TraceError> {
-    parse_nodes(&Csv::read(path)?)
+    parse_nodes(&Csv::read(path, MAX_NODES)?)
 }
 
 fn parse_nodes(csv: &Csv) -> Result<Vec<TraceNode>, TraceError> {
@@ -170,15 +249,29 @@ fn parse_nodes(csv: &Csv) -> Result<Vec<TraceNode>, TraceError> {
         csv.col("gpu")?,
         csv.col("model")?,
     );
+    let mut seen: HashMap<&str, usize> = HashMap::new();
     csv.rows
         .iter()
         .map(|r| {
+            let name = csv.field(r, sn);
+            if name.is_empty() {
+                return Err(csv.invalid(r, "sn", "\"\"", "every node needs a name".into()));
+            }
+            if let Some(first) = seen.insert(name, r.0) {
+                return Err(csv.invalid(r, "sn", name, format!("line {first} has the same name")));
+            }
             Ok(TraceNode {
-                name: r.1.get(sn).cloned().unwrap_or_default(),
-                cpu_milli: csv.num(r, cpu, "cpu_milli")?,
-                memory_mib: csv.num(r, mem, "memory_mib")?,
-                gpus: csv.num(r, gpu, "gpu")?,
-                model: r.1.get(model).cloned().unwrap_or_default(),
+                name: name.to_string(),
+                cpu_milli: csv.num_at_most(r, cpu, "cpu_milli", MAX_CPU_MILLI, "millicores")?,
+                memory_mib: csv.num_at_most(r, mem, "memory_mib", MAX_MEMORY_MIB, "MiB (1 PiB)")?,
+                gpus: csv.num_at_most(
+                    r,
+                    gpu,
+                    "gpu",
+                    MAX_GPUS_PER_NODE,
+                    "GPUs per node (servers have up to 16; Tessera's topology describes at most 64)",
+                )?,
+                model: csv.field(r, model).to_string(),
             })
         })
         .collect()
@@ -186,7 +279,7 @@ fn parse_nodes(csv: &Csv) -> Result<Vec<TraceNode>, TraceError> {
 
 /// Reads an openb pod list.
 pub fn read_tasks(path: &Path) -> Result<Vec<TraceTask>, TraceError> {
-    parse_tasks(&Csv::read(path)?)
+    parse_tasks(&Csv::read(path, MAX_TASKS)?)
 }
 
 fn parse_tasks(csv: &Csv) -> Result<Vec<TraceTask>, TraceError> {
@@ -197,31 +290,53 @@ fn parse_tasks(csv: &Csv) -> Result<Vec<TraceTask>, TraceError> {
         csv.col("num_gpu")?,
         csv.col("gpu_milli")?,
     );
-    let spec = csv.columns.get("gpu_spec").copied();
+    let spec = csv.col("gpu_spec").ok();
     csv.rows
         .iter()
         .map(|r| {
             let t = TraceTask {
-                name: r.1.get(name).cloned().unwrap_or_default(),
-                cpu_milli: csv.num(r, cpu, "cpu_milli")?,
-                memory_mib: csv.num(r, mem, "memory_mib")?,
-                num_gpu: csv.num(r, num, "num_gpu")?,
+                name: csv.field(r, name).to_string(),
+                cpu_milli: csv.num_at_most(r, cpu, "cpu_milli", MAX_CPU_MILLI, "millicores")?,
+                memory_mib: csv.num_at_most(r, mem, "memory_mib", MAX_MEMORY_MIB, "MiB (1 PiB)")?,
+                num_gpu: csv.num_at_most(
+                    r,
+                    num,
+                    "num_gpu",
+                    MAX_GPUS_PER_NODE,
+                    "GPUs per task (no node may have more)",
+                )?,
                 gpu_milli: csv.num(r, milli, "gpu_milli")?,
-                gpu_spec: spec.and_then(|c| r.1.get(c).cloned()).unwrap_or_default(),
+                gpu_spec: spec.map(|c| csv.field(r, c).to_string()).unwrap_or_default(),
             };
-            if t.gpu_milli > CARD_MILLI || (t.num_gpu > 1 && t.gpu_milli < CARD_MILLI && t.gpu_milli > 0) {
-                return Err(TraceError::Task {
-                    path: csv.path.clone(),
-                    line: r.0,
-                    reason: format!(
-                        "task {} asks for {} GPU(s) x {} milli; shares (below 1000) are for one GPU only",
-                        t.name, t.num_gpu, t.gpu_milli
-                    ),
-                });
-            }
+            check_gpu_ask(csv, r, &t)?;
             Ok(t)
         })
         .collect()
+}
+
+/// A task's `num_gpu` and `gpu_milli` together: a CPU pod asks 0 and 0; a GPU pod asks
+/// 1..=1000 milli per GPU, below 1000 (a share) on one GPU only.
+fn check_gpu_ask(csv: &Csv, r: &Row, t: &TraceTask) -> Result<(), TraceError> {
+    let why = match (t.num_gpu, t.gpu_milli) {
+        (0, 0) => return Ok(()),
+        (0, _) => "a CPU pod (num_gpu=0) asks gpu_milli=0".to_string(),
+        (n, 0) => format!("a GPU pod (num_gpu={n}) asks 1..={CARD_MILLI} milli per GPU (or num_gpu=0 for a CPU pod)"),
+        (_, m) if m > CARD_MILLI => {
+            format!("at most {CARD_MILLI} milli (one whole GPU) per GPU; ask more GPUs with num_gpu")
+        }
+        (1, _) | (_, CARD_MILLI) => return Ok(()),
+        (n, m) => {
+            return Err(TraceError::Task {
+                path: csv.path.clone(),
+                line: r.0,
+                reason: format!(
+                    "task {} asks for {n} GPU(s) x {m} milli; shares (below 1000) are for one GPU only",
+                    t.name
+                ),
+            });
+        }
+    };
+    Err(csv.invalid(r, "gpu_milli", t.gpu_milli, why))
 }
 
 /// The engine's cluster for a node list (each node's cards share its model).
@@ -264,13 +379,17 @@ pub fn cluster_of(nodes: &[TraceNode]) -> ClusterState {
 mod tests {
     use super::*;
 
+    fn csv(text: &str, name: &str) -> Csv {
+        Csv::parse(text.to_string(), Path::new(name), MAX_TASKS).unwrap()
+    }
+
     #[test]
     fn parses_both_pod_list_layouts() {
         let full = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
                     p0,12000,16384,1,1000,,LS,Running,0,1,0\n\
                     p1,6000,12288,1,460,T4|P100,LS,Running,0,1,0\n\
                     p2,4000,8192,0,0,,BE,Running,0,1,0\n";
-        let t = parse_tasks(&Csv::parse(full, Path::new("pods.csv"))).unwrap();
+        let t = parse_tasks(&csv(full, "pods.csv")).unwrap();
         assert_eq!(t.len(), 3);
         assert_eq!(
             t[1].demand().containers[0].cards,
@@ -294,35 +413,29 @@ mod tests {
         assert_eq!(t[2].demand().cpu_milli, 4000);
 
         let short = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,8,1000\n";
-        let t = parse_tasks(&Csv::parse(short, Path::new("m.csv"))).unwrap();
+        let t = parse_tasks(&csv(short, "m.csv")).unwrap();
         assert_eq!(t[0].demand().gpu_milli(), 8000);
     }
 
     #[test]
     fn bad_rows_name_file_line_and_column() {
         let bad = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,lots,1024,1,1000\n";
-        let e = parse_tasks(&Csv::parse(bad, Path::new("pods.csv")))
-            .unwrap_err()
-            .to_string();
+        let e = parse_tasks(&csv(bad, "pods.csv")).unwrap_err().to_string();
         assert!(
             e.contains("pods.csv:2") && e.contains("cpu_milli") && e.contains("lots"),
             "{e}"
         );
-        let e = parse_tasks(&Csv::parse("name,cpu_milli\n", Path::new("p.csv")))
-            .unwrap_err()
-            .to_string();
+        let e = parse_tasks(&csv("name,cpu_milli\n", "p.csv")).unwrap_err().to_string();
         assert!(e.contains("memory_mib"), "{e}");
         let multi_share = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,2,500\n";
-        let e = parse_tasks(&Csv::parse(multi_share, Path::new("p.csv")))
-            .unwrap_err()
-            .to_string();
+        let e = parse_tasks(&csv(multi_share, "p.csv")).unwrap_err().to_string();
         assert!(e.contains("one GPU only"), "{e}");
     }
 
     #[test]
     fn nodes_become_cards() {
-        let csv = "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\nn1,96000,786432,8,G2\n";
-        let nodes = parse_nodes(&Csv::parse(csv, Path::new("n.csv"))).unwrap();
+        let text = "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\nn1,96000,786432,8,G2\n";
+        let nodes = parse_nodes(&csv(text, "n.csv")).unwrap();
         let c = cluster_of(&nodes);
         assert_eq!(c.nodes.len(), 2);
         assert_eq!(c.gpu_capacity_milli(), 10_000);

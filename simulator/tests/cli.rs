@@ -8,8 +8,10 @@ use std::process::{Command, Stdio};
 
 #[test]
 fn simulate_into_a_reader_that_stops_early_ends_quietly() {
+    let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tessera-simulator"))
-        .args(["--seeds", "42..42"])
+        .args(["--seeds", "42..42", "--out-dir"])
+        .arg(dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -168,4 +170,84 @@ fn the_fetched_trace_is_the_published_one_and_the_simulator_reads_it() {
     );
     assert!(!other.join("openb_pod_list_default.csv").exists());
     assert!(!other.join("openb_pod_list_default.csv.part").exists());
+}
+
+/// An output directory that cannot take the chart is refused before the run, not after it.
+#[test]
+fn simulate_refuses_an_unwritable_out_dir_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let out_dir = file.join("charts");
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera-simulator"))
+        .args(["--seeds", "42", "--policies", "fgd", "--quiet", "--out-dir"])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--out-dir={}: cannot create it (the chart is written there)",
+            out_dir.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "ran before refusing: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// A full disk behind standard output: an error naming it and exit code 1, not a panic.
+#[test]
+fn simulate_into_a_full_device_says_so() {
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera-simulator"))
+        .args(["--seeds", "42", "--policies", "fgd", "--quiet", "--out-dir"])
+        .arg(tempfile::tempdir().unwrap().path())
+        .env("RUST_BACKTRACE", "0")
+        .stdout(full)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("Error: cannot write to standard output") && stderr.contains("No space left on device"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// A reader that stops early while SIGPIPE is blocked (inherited from a parent that blocks it):
+/// the write fails with EPIPE instead of the signal ending the process; it still ends quietly.
+#[test]
+fn simulate_into_a_closed_pipe_with_sigpipe_blocked_ends_quietly() {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera-simulator"));
+    cmd.args(["--seeds", "42", "--policies", "fgd", "--quiet", "--out-dir"])
+        .arg(tempfile::tempdir().unwrap().path())
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: sigprocmask is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let mut set = std::mem::zeroed::<libc::sigset_t>();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGPIPE);
+            libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(first.starts_with("embedded default:"), "{first}");
+    assert_eq!(out.status.code(), Some(0), "{:?}: {stderr}", out.status);
+    assert!(stderr.is_empty(), "{stderr}");
 }
