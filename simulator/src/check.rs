@@ -23,7 +23,7 @@ pub const MAX_TASKS_PER_RUN: u64 = 2_000_000;
 pub const MAX_WORK_PER_RUN: f64 = 5e10;
 
 /// The share of the requested GPU compute that can never be placed from which a warning is
-/// printed before the tables.
+/// printed before the tables (below it, the summary says so).
 pub const WARN_SHARE: f64 = 0.1;
 
 /// Why a scenario is not run.

@@ -8,6 +8,13 @@ use super::trace::{TraceNode, TraceTask};
 
 const SEED: u64 = 2023;
 
+/// What the embedded default is, for the summary.
+pub const DESCRIPTION: &str = "the embedded default is synthetic: generated inside the binary, modelled on the \
+     Alibaba GPU trace (cluster-trace-gpu-v2023, the FGD paper's): 320 nodes with 1,490 GPUs of six models, \
+     1,600 tasks of which about half are fractional-GPU shares, a tenth multi-GPU, 6% CPU-only, and a tenth \
+     of the GPU tasks bound to models. Its figures show the policies' behaviour, not the real trace's: \
+     run that with --trace (see the README).";
+
 /// The embedded cluster: 320 nodes, 1,490 GPUs of six models.
 pub fn nodes() -> Vec<TraceNode> {
     // (count, cpu cores, memory GiB, gpus, model)
@@ -85,6 +92,20 @@ mod tests {
         let multi = t.iter().filter(|t| t.num_gpu > 1).count();
         assert!((650..900).contains(&shares), "{shares}");
         assert!((100..250).contains(&multi), "{multi}");
+        // What the summary says of it: about half shares, a tenth multi-GPU, 6% CPU-only, a
+        // tenth of the GPU tasks bound to models.
+        assert!(
+            DESCRIPTION
+                .contains("1,600 tasks of which about half are fractional-GPU shares, a tenth multi-GPU, 6% CPU-only")
+        );
+        assert!((720..880).contains(&shares), "{shares}");
+        assert!((130..190).contains(&multi), "{multi}");
+        let cpu = t.iter().filter(|t| t.num_gpu == 0).count();
+        assert!((80..110).contains(&cpu), "{cpu}");
+        let bound = t.iter().filter(|t| !t.gpu_spec.is_empty()).count() as f64 / (t.len() - cpu) as f64;
+        assert!((0.08..0.12).contains(&bound), "{bound}");
+        assert_eq!(t.len(), 1600);
+        assert_eq!(nodes().len(), 320);
         let gpus: u32 = nodes().iter().map(|n| n.gpus).sum();
         assert_eq!(gpus, 1490);
         // The workload asks for roughly the cluster's GPU capacity.

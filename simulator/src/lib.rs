@@ -7,6 +7,7 @@ pub mod chart;
 pub mod check;
 pub mod embedded;
 pub mod report;
+pub mod summary;
 pub mod trace;
 
 use std::sync::Mutex;

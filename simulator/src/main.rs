@@ -2,9 +2,9 @@
 //!
 //! It replays the trace (the embedded default when none is given) through the placement
 //! engine, once per policy and seed, and prints how much of the GPU
-//! capacity each policy allocated as the workload arrived; writes the chart (SVG) and, on
-//! request, CSV and JSON. A trace is checked before the run (see
-//! [`tessera_simulator::check`]).
+//! capacity each policy allocated as the workload arrived, then a summary of who wins and what
+//! the figures mean; writes the chart (SVG) and, on request, CSV and JSON. A trace is checked
+//! before the run (see [`tessera_simulator::check`]).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,7 +15,7 @@ use anyhow::{Context, anyhow, bail};
 use clap::{Args, Parser};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_core::placement::PodDemand;
-use tessera_simulator::{self as simulate, Scenario, chart, check, embedded, report, trace};
+use tessera_simulator::{self as simulate, Scenario, chart, check, embedded, report, summary, trace};
 
 /// Replay a cluster trace through Tessera's placement engine (the embedded default when no
 /// trace is given) and compare policies.
@@ -294,6 +294,18 @@ fn simulate(args: SimulateArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         ),
     )?;
     write_files(&args, &inputs.name, &series, &results, out)?;
+    let workload = if inputs.embedded {
+        embedded::DESCRIPTION.to_string()
+    } else {
+        format!("the trace {} on the nodes of {}.", inputs.tasks_from, inputs.nodes_from)
+    };
+    let never_fit = plan.never_fit_sentence();
+    let ctx = summary::Context {
+        capacity_gpus: capacity as f64 / 1000.0,
+        workload: &workload,
+        never_fit: never_fit.as_deref(),
+    };
+    say(out, format_args!("{}", summary::text(&series, &results, &ctx)))?;
     out.flush().map_err(StdoutError)?;
     Ok(())
 }

@@ -112,6 +112,20 @@ fn simulate_off_a_terminal_says_how_far_it_is() {
             .is_some_and(|l| l.starts_with("simulate: done, 2 runs in ")),
         "{err}"
     );
+    // It ends with a conclusion: who wins, what the figures mean, what the workload is.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary = stdout.split_once("\nSummary\n").map_or("", |(_, s)| s);
+    let flat = summary.split_whitespace().collect::<Vec<_>>().join(" ");
+    for want in [
+        "At 100% arrived workload (the GPU requests so far equal the capacity), fgd allocates the most:",
+        "The others, in points: random -",
+        "With one seed the noise between seeds is unknown",
+        "unalloc@100% is 100 minus it",
+        "Fragmentation rate: that amount as % of all idle GPU compute.",
+        "Workload: the embedded default is synthetic",
+    ] {
+        assert!(flat.contains(want), "{want:?} missing from:\n{stdout}");
+    }
 }
 
 /// `scripts/fetch-trace.sh` (the README's way to the public trace) writes a copy whose every file

@@ -305,4 +305,8 @@ fn a_workload_that_mostly_cannot_fit_says_so_first() {
          drops them each time they arrive.",
         "{stdout}"
     );
+    assert!(
+        stdout.contains("Summary\n") && stdout.contains("2 of 3 GPU task(s) (94.7% of the requested GPU compute)"),
+        "{stdout}"
+    );
 }
