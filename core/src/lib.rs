@@ -2,13 +2,15 @@
 //! ([`inventory`], [`driver`], [`topology`]), how the extender decides ([`placement`],
 //! [`ledger`]) and what it decided ([`handoff`]), what a container is given ([`injection`],
 //! [`cdi`]) and how its share is held ([`enforcement`]). Nothing here talks to the driver or
-//! runs processes: reading a node is `tessera_node`'s, the I/O of the services their own.
+//! runs processes: reading a node is `tessera_node`'s, the I/O of the services their own. The
+//! binaries check their flags' values alike with [`flags`].
 
 pub mod cdi;
 pub mod dra;
 pub mod driver;
 pub mod enforcement;
 pub mod files;
+pub mod flags;
 pub mod granted;
 pub mod handoff;
 pub mod injection;
