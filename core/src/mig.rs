@@ -20,9 +20,13 @@ pub struct MigProfile {
     pub attributes: Vec<String>,
 }
 
+/// The most GPU slices a GPU instance has (NVML's largest profile is 8 slices; today's cards
+/// give at most 7).
+pub const MAX_GPU_SLICES: u8 = 8;
+
 /// A string that is not a MIG profile name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not a MIG profile (expected e.g. 1g.10gb, 1c.2g.20gb or 1g.10gb+me)")]
+#[error("{0:?} is not a MIG profile (expected e.g. 1g.10gb, 1c.2g.20gb or 1g.10gb+me, at most {MAX_GPU_SLICES}g)")]
 pub struct BadMigProfile(pub String);
 
 fn number_with_suffix(token: &str, suffix: &str) -> Option<u32> {
@@ -50,7 +54,10 @@ impl MigProfile {
         if !attributes.iter().all(attr_ok) {
             return Err(bad());
         }
-        let gpu_slices = u8::try_from(gpu_slices).map_err(|_| bad())?;
+        let gpu_slices = u8::try_from(gpu_slices)
+            .ok()
+            .filter(|g| *g <= MAX_GPU_SLICES)
+            .ok_or_else(bad)?;
         let compute_slices = match compute_slices {
             Some(c) => Some(u8::try_from(c).map_err(|_| bad())?),
             None => None,
@@ -155,6 +162,9 @@ mod tests {
             "1g.10gb+ME",
             "0g.5gb",
             "99999g.1gb",
+            // No card has more than 8 GPU slices.
+            "9g.999gb",
+            "9c.10g.20gb",
         ] {
             assert!(bad.parse::<MigProfile>().is_err(), "{bad} accepted");
         }

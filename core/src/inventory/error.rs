@@ -18,6 +18,16 @@ pub enum InventoryError {
     /// A fixture file is not valid YAML of the fixture schema.
     #[error("fixture {path} is malformed: {reason}")]
     ParseFixture { path: PathBuf, reason: String },
+    /// A fixture's card with a value no card has.
+    #[error("fixture {path}: {card}: {field}: {reason}")]
+    FixtureCard {
+        path: PathBuf,
+        /// `card <index> (<uuid>)`.
+        card: String,
+        /// `<field>=<value>`.
+        field: String,
+        reason: String,
+    },
     /// Inconsistent inventory content.
     #[error("inventory field {field}={value:?} is invalid: {reason}")]
     Invalid {

@@ -46,6 +46,9 @@ pub const BUILTIN_FIXTURES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The most memory a fixture's card may have: 16 TiB, far above any GPU's.
+pub const MAX_CARD_MEMORY_MIB: u64 = 16 << 20;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Majors {
@@ -182,8 +185,55 @@ impl Fixture {
         self.node.as_deref()
     }
 
+    /// Refuses memory no card has: a card of 0 MiB or over [`MAX_CARD_MEMORY_MIB`], a MIG
+    /// instance or profile of no memory or of more than its card (by its size or by the memory
+    /// its profile's name gives), naming the card, the field and the value.
+    pub fn check(&self, source: &Path) -> Result<(), InventoryError> {
+        for g in &self.gpus {
+            let refuse = |field: String, value: String, reason: String| InventoryError::FixtureCard {
+                path: source.to_path_buf(),
+                card: format!("card {} ({})", g.index, g.uuid),
+                field: format!("{field}={value}"),
+                reason,
+            };
+            if g.memory_mib == 0 || g.memory_mib > MAX_CARD_MEMORY_MIB {
+                return Err(refuse(
+                    "memory_mib".into(),
+                    g.memory_mib.to_string(),
+                    format!("a card has 1 to {MAX_CARD_MEMORY_MIB} MiB (16 TiB)"),
+                ));
+            }
+            let instances = g.mig_devices.iter().enumerate();
+            let instances = instances.map(|(j, m)| (format!("mig_devices[{j}]"), &m.profile, m.memory_mib));
+            let profiles = g.mig_profiles.iter().enumerate();
+            let profiles = profiles.map(|(j, p)| (format!("mig_profiles[{j}]"), &p.profile, p.memory_mib));
+            for (at, profile, memory_mib) in instances.chain(profiles) {
+                if memory_mib == 0 || memory_mib > g.memory_mib {
+                    return Err(refuse(
+                        format!("{at}.memory_mib"),
+                        memory_mib.to_string(),
+                        format!("a MIG instance has memory, at most its card's {} MiB", g.memory_mib),
+                    ));
+                }
+                // The name's GB are decimal (an 80 GB card of 81559 MiB serves 7g.80gb).
+                if u128::from(profile.memory_gb) * 1_000_000_000 > u128::from(g.memory_mib) << 20 {
+                    return Err(refuse(
+                        format!("{at}.profile"),
+                        profile.to_string(),
+                        format!(
+                            "its {} GB are more than the card's {} MiB",
+                            profile.memory_gb, g.memory_mib
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Builds the inventory. `driver_root` overrides the fixture's (tests point it at a temp dir).
     pub fn to_inventory(&self, source: &Path, driver_root: Option<&Path>) -> Result<NodeInventory, InventoryError> {
+        self.check(source)?;
         let majors = &self.majors;
         // A fixture that does not spell the table out gets the driver's standard one.
         let minors = if self.mig_minors.trim().is_empty() {

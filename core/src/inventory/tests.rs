@@ -108,6 +108,76 @@ fn bad_fixtures_name_the_field() {
     assert!(matches!(e, InventoryError::ReadFixture { .. }), "{e}");
 }
 
+/// Memory no card has and MIG profiles no card makes are refused, naming the fixture, the
+/// card, the field and the value.
+#[test]
+fn absurd_fixture_values_name_the_card_and_field() {
+    let mig = include_str!("../../fixtures/a100-mig.yaml");
+    let dynamic = include_str!("../../fixtures/a100-dynamic-mig.yaml");
+    let card0 = "card 0 (GPU-86a28f10-eff9-6d6d-74c9-10219c67b6c9)";
+    let cases = [
+        (
+            mig.replacen("memory_mib: 40960", "memory_mib: 0", 1),
+            format!("{card0}: memory_mib=0: a card has 1 to 16777216 MiB"),
+        ),
+        (
+            mig.replacen("memory_mib: 40960", "memory_mib: 17179869184", 1),
+            format!("{card0}: memory_mib=17179869184: a card has 1 to 16777216 MiB"),
+        ),
+        (
+            mig.replacen(
+                "profile: 3g.20gb, memory_mib: 19968",
+                "profile: 3g.20gb, memory_mib: 99999",
+                1,
+            ),
+            format!(
+                "{card0}: mig_devices[0].memory_mib=99999: a MIG instance has memory, at most its card's 40960 MiB"
+            ),
+        ),
+        (
+            mig.replacen(
+                "profile: 3g.20gb, memory_mib: 19968",
+                "profile: 3g.20gb, memory_mib: 0",
+                1,
+            ),
+            format!("{card0}: mig_devices[0].memory_mib=0"),
+        ),
+        (
+            mig.replacen("profile: 3g.20gb", "profile: 7g.999gb", 1),
+            format!("{card0}: mig_devices[0].profile=7g.999gb: its 999 GB are more than the card's 40960 MiB"),
+        ),
+        (
+            dynamic.replacen("profile: 1g.5gb", "profile: 1g.50gb", 1),
+            "mig_profiles[0].profile=1g.50gb: its 50 GB are more than the card's 40960 MiB".to_string(),
+        ),
+    ];
+    for (text, want) in cases {
+        let e = Fixture::parse(&text, Path::new("f.yaml"))
+            .and_then(|f| f.to_inventory(Path::new("f.yaml"), None))
+            .unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.starts_with("fixture f.yaml: ") && e.contains(&want),
+            "want {want}\n got {e}"
+        );
+    }
+    // A profile no card makes is refused where it is read, naming where it is.
+    let text = mig.replacen("profile: 3g.20gb", "profile: 9g.999gb", 1);
+    let e = Fixture::parse(&text, Path::new("f.yaml")).unwrap_err().to_string();
+    assert!(
+        e.contains("f.yaml") && e.contains("gpus[0].mig_devices[0]") && e.contains("\"9g.999gb\" is not a MIG profile"),
+        "{e}"
+    );
+    // Real cards' names fit their memory: an H100 of 81559 MiB serves 7g.80gb.
+    let h100 =
+        mig.replacen("profile: 3g.20gb", "profile: 7g.80gb", 1)
+            .replacen("memory_mib: 40960", "memory_mib: 81559", 1);
+    Fixture::parse(&h100, Path::new("f.yaml"))
+        .unwrap()
+        .to_inventory(Path::new("f.yaml"), None)
+        .unwrap();
+}
+
 #[test]
 fn mig_device_without_minor_entry_is_an_error() {
     let text = include_str!("../../fixtures/a100-mig.yaml").replace("  gpu0/gi2/access 21\n", "");
