@@ -10,8 +10,10 @@ use tessera_cdi_generator::spec::{self, SpecOptions};
 use tessera_cdi_generator::topology_report;
 use tessera_cdi_generator::writer::{self, DEFAULT_CDI_DIR};
 use tessera_core::enforcement::{DEFAULT_HOOK_ROOT, DEFAULT_MPS_ROOT, HookLayout, MpsLayout, ShareEnforcement};
+use tessera_core::flags::{host_path, interval};
 use tessera_core::inventory::{FixtureSource, InventorySource};
 use tessera_node::inventory::{FixtureWithHostDriver, NvmlSource};
+use tessera_node::stdout::{print, quiet_on_closed_stdout};
 
 /// Tessera's CDI spec generator.
 #[derive(Parser)]
@@ -30,14 +32,14 @@ struct SourceArgs {
     /// Host directory holding the driver files, detected by default (/run/nvidia/driver, /,
     /// /usr/local/nvidia, /home/kubernetes/bin/nvidia). With --fixture: the driver's real
     /// files are found there (without it, the fixture's own list is used).
-    #[arg(long)]
+    #[arg(long, value_parser = host_path)]
     driver_root: Option<PathBuf>,
     /// Where this process sees the host's / (the node DaemonSet mounts it at /host). Files
     /// are read under it; the spec names host paths.
-    #[arg(long, default_value = "/")]
+    #[arg(long, default_value = "/", value_parser = host_path)]
     host_root: PathBuf,
     /// Host directory holding /dev (device nodes get a hostPath under it when not /).
-    #[arg(long, default_value = "/")]
+    #[arg(long, default_value = "/", value_parser = host_path)]
     dev_root: PathBuf,
     /// libnvidia-ml.so.1 to load (default: the loader's search path).
     #[arg(long)]
@@ -53,14 +55,14 @@ struct EnforcementArgs {
     #[arg(long, env = "TESSERA_SHARE_ENFORCEMENT", default_value = "mps")]
     share_enforcement: ShareEnforcement,
     /// Where the MPS daemons' directories are (a host path).
-    #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT)]
+    #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT, value_parser = host_path)]
     mps_root: PathBuf,
     /// Where hook mode's files are (a host path; the library is installed under it).
-    #[arg(long, env = "TESSERA_HOOK_ROOT", default_value = DEFAULT_HOOK_ROOT)]
+    #[arg(long, env = "TESSERA_HOOK_ROOT", default_value = DEFAULT_HOOK_ROOT, value_parser = host_path)]
     hook_root: PathBuf,
     /// Where driver bundles are made (a host path, writable here at the same path): the spec
     /// mounts the driver once from there.
-    #[arg(long, default_value = DEFAULT_BUNDLE_ROOT)]
+    #[arg(long, default_value = DEFAULT_BUNDLE_ROOT, value_parser = host_path)]
     driver_bundle_dir: PathBuf,
     /// Mount each driver file on its own instead of one bundle.
     #[arg(long)]
@@ -179,26 +181,15 @@ enum Command {
         #[command(flatten)]
         enforcement: EnforcementArgs,
         /// CDI spec directory.
-        #[arg(long, default_value = DEFAULT_CDI_DIR)]
+        #[arg(long, default_value = DEFAULT_CDI_DIR, value_parser = host_path)]
         cdi_dir: PathBuf,
         /// Poll interval in seconds.
-        #[arg(long, default_value_t = 30)]
+        #[arg(long, default_value_t = 30, value_parser = interval)]
         interval_secs: u64,
         /// This node's name, to publish the inventory annotation on (in a cluster).
         #[arg(long, env = "NODE_NAME")]
         node_name: Option<String>,
     },
-}
-
-/// A command whose output goes to a reader that may stop early (`| head`) ends quietly when it
-/// does, as Unix tools do (Rust ignores SIGPIPE, so a print would panic). Only for commands
-/// that print: a server keeps SIGPIPE ignored, its socket writes get errors instead.
-fn quiet_on_closed_stdout() {
-    // SAFETY: restoring the default disposition of one signal, before any thread that could
-    // race on it prints.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
 }
 
 #[tokio::main]
@@ -243,7 +234,7 @@ async fn main() -> anyhow::Result<()> {
                         missing.join(", ")
                     );
                 }
-                print!("{text}");
+                print(&text)?;
             } else {
                 if !missing.is_empty() {
                     return Err(spec::SpecError::MissingHostPaths(missing).into());
@@ -257,9 +248,12 @@ async fn main() -> anyhow::Result<()> {
             quiet_on_closed_stdout();
             let driver = source.nvml().driver();
             if json {
-                println!("{}", serde_json::to_string_pretty(&driver_report::json(&driver))?);
+                print(&format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&driver_report::json(&driver))?
+                ))?;
             } else {
-                print!("{}", driver_report::text(&driver));
+                print(&driver_report::text(&driver))?;
             }
             if driver.check().is_err() {
                 std::process::exit(1);
@@ -270,9 +264,12 @@ async fn main() -> anyhow::Result<()> {
             quiet_on_closed_stdout();
             let inventory = source.source().discover().context("reading the GPU inventory")?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&topology_report::json(&inventory))?);
+                print(&format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&topology_report::json(&inventory))?
+                ))?;
             } else {
-                print!("{}", topology_report::text(&inventory));
+                print(&topology_report::text(&inventory))?;
             }
             Ok(())
         }
@@ -289,7 +286,7 @@ async fn main() -> anyhow::Result<()> {
             let config = DaemonConfig {
                 cdi_dir,
                 spec: enforcement.spec(&source.dev_root),
-                interval: Duration::from_secs(interval_secs.max(1)),
+                interval: Duration::from_secs(interval_secs),
                 node_name,
                 bundle: enforcement.bundle(&source),
                 check_host_paths: Some(source.host_root.clone()),
