@@ -4,6 +4,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tessera_core::enforcement::{DEFAULT_HOOK_ROOT, DEFAULT_MPS_ROOT, HookLayout, MpsLayout, ShareEnforcement};
+use tessera_core::flags::{host_path, listen_address};
 use tessera_core::handoff::VerifyingKeys;
 use tessera_nri_plugin::plugin::{PluginConfig, TesseraPlugin};
 use tessera_nri_plugin::session::{self, Identity};
@@ -19,7 +20,7 @@ struct Cli {
 #[derive(Parser, Clone)]
 struct RunArgs {
     /// NRI socket of the runtime (external plugin mode).
-    #[arg(long, default_value = "/var/run/nri/nri.sock")]
+    #[arg(long, default_value = "/var/run/nri/nri.sock", value_parser = host_path)]
     socket: PathBuf,
     /// Plugin name.
     #[arg(long, default_value = "tessera", value_parser = plugin_name)]
@@ -34,7 +35,7 @@ struct RunArgs {
     #[arg(long, default_value = "/etc/tessera/keys")]
     keys_dir: PathBuf,
     /// CDI spec directories, lowest priority first.
-    #[arg(long = "cdi-dir", default_values = ["/etc/cdi", "/var/run/cdi"])]
+    #[arg(long = "cdi-dir", default_values = ["/etc/cdi", "/var/run/cdi"], value_parser = host_path)]
     cdi_dirs: Vec<PathBuf>,
     /// How this node holds shares to their limits: `mps` (Tessera's MPS daemons; a share
     /// whose daemon is down is refused), `hook` (Tessera's CUDA hook in the share's processes,
@@ -43,27 +44,27 @@ struct RunArgs {
     #[arg(long, env = "TESSERA_SHARE_ENFORCEMENT", default_value = "mps")]
     share_enforcement: ShareEnforcement,
     /// Where the MPS supervisor keeps each card's daemon directories and state.
-    #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT)]
+    #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT, value_parser = host_path)]
     mps_root: PathBuf,
     /// Where the CUDA hook is installed and each hook-mode container's limits are written.
-    #[arg(long, env = "TESSERA_HOOK_ROOT", default_value = DEFAULT_HOOK_ROOT)]
+    #[arg(long, env = "TESSERA_HOOK_ROOT", default_value = DEFAULT_HOOK_ROOT, value_parser = host_path)]
     hook_root: PathBuf,
     /// Where Tessera's DRA plugin records the claims it prepared (DRA installs).
-    #[arg(long, env = "TESSERA_DRA_STATE_DIR", default_value = tessera_core::dra::DEFAULT_STATE_DIR)]
+    #[arg(long, env = "TESSERA_DRA_STATE_DIR", default_value = tessera_core::dra::DEFAULT_STATE_DIR, value_parser = host_path)]
     dra_state_dir: PathBuf,
     /// Where the grant of each container given GPUs is recorded (a tmpfs, root only): a
     /// restarted plugin rebuilds its books from it, and the DRA plugin reads which cards live
     /// containers use.
-    #[arg(long, env = "TESSERA_GRANTS_DIR", default_value = tessera_core::granted::DEFAULT_GRANTS_DIR)]
+    #[arg(long, env = "TESSERA_GRANTS_DIR", default_value = tessera_core::granted::DEFAULT_GRANTS_DIR, value_parser = host_path)]
     grants_dir: PathBuf,
-    /// Serve the node's GPU metrics (Prometheus, `/metrics`) on this address.
-    #[arg(long)]
+    /// Serve the node's GPU metrics (Prometheus, `/metrics`) on this address (`IP:PORT`).
+    #[arg(long, value_parser = listen_address)]
     metrics_listen: Option<std::net::SocketAddr>,
     /// Where the host's /proc is (GPU processes are mapped to containers through it).
-    #[arg(long, default_value = "/proc")]
+    #[arg(long, default_value = "/proc", value_parser = host_path)]
     proc_root: PathBuf,
     /// Where this process sees the host's / (NVML is loaded from the driver found under it).
-    #[arg(long, default_value = "/")]
+    #[arg(long, default_value = "/", value_parser = host_path)]
     host_root: PathBuf,
     /// Read GPU telemetry from this file instead of NVML (tests, GPU-less machines).
     #[arg(long)]
@@ -73,7 +74,7 @@ struct RunArgs {
 #[derive(Parser, Clone)]
 struct CheckArgs {
     /// NRI socket of the runtime.
-    #[arg(long, default_value = "/var/run/nri/nri.sock")]
+    #[arg(long, default_value = "/var/run/nri/nri.sock", value_parser = host_path)]
     socket: PathBuf,
     /// containerd's configuration (checked when present).
     #[arg(long, default_value = "/etc/containerd/config.toml")]
@@ -82,28 +83,28 @@ struct CheckArgs {
     #[arg(long, default_value = "/etc/crio/crio.conf")]
     crio_config: PathBuf,
     /// CDI spec directories.
-    #[arg(long = "cdi-dir", default_values = ["/etc/cdi", "/var/run/cdi"])]
+    #[arg(long = "cdi-dir", default_values = ["/etc/cdi", "/var/run/cdi"], value_parser = host_path)]
     cdi_dirs: Vec<PathBuf>,
     /// Directory of the hand-off keys.
     #[arg(long, default_value = "/etc/tessera/keys")]
     keys_dir: PathBuf,
     /// Where this process sees the host's / (the node DaemonSet mounts it at /host).
-    #[arg(long, default_value = "/")]
+    #[arg(long, default_value = "/", value_parser = host_path)]
     host_root: PathBuf,
     /// The NVIDIA driver root as a host path (default: detected as the CDI generator does).
-    #[arg(long)]
+    #[arg(long, value_parser = host_path)]
     driver_root: Option<PathBuf>,
     /// Host directory holding `dev/`.
-    #[arg(long, default_value = "/")]
+    #[arg(long, default_value = "/", value_parser = host_path)]
     dev_root: PathBuf,
     /// How this node holds shares to their limits, as `run` is told: `mps`, `hook` or `none`.
     #[arg(long, env = "TESSERA_SHARE_ENFORCEMENT", default_value = "mps")]
     share_enforcement: ShareEnforcement,
     /// Where the MPS supervisor keeps each card's daemon state.
-    #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT)]
+    #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT, value_parser = host_path)]
     mps_root: PathBuf,
     /// Where the CUDA hook is installed (hook mode).
-    #[arg(long, env = "TESSERA_HOOK_ROOT", default_value = DEFAULT_HOOK_ROOT)]
+    #[arg(long, env = "TESSERA_HOOK_ROOT", default_value = DEFAULT_HOOK_ROOT, value_parser = host_path)]
     hook_root: PathBuf,
 }
 
@@ -148,15 +149,17 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
         mps: MpsLayout::new(args.mps_root),
         hook: HookLayout::new(args.hook_root),
     });
-    for f in &findings {
-        println!("{f}");
-    }
+    let mut report: String = findings.iter().map(|f| format!("{f}\n")).collect();
     let failed = findings.iter().filter(|f| f.level == Level::Fail).count();
     if failed > 0 {
-        println!("{failed} problem(s) to fix before Tessera can inject GPUs on this node");
+        report += &format!("{failed} problem(s) to fix before Tessera can inject GPUs on this node\n");
+    } else {
+        report += "this node is ready for Tessera\n";
+    }
+    tessera_node::stdout::print(&report)?;
+    if failed > 0 {
         std::process::exit(1);
     }
-    println!("this node is ready for Tessera");
     Ok(())
 }
 
@@ -239,17 +242,6 @@ fn node_metrics(args: &RunArgs) -> tessera_nri_plugin::metrics::NodeMetrics {
     }
 }
 
-/// A command whose output goes to a reader that may stop early (`| head`) ends quietly when it
-/// does, as Unix tools do (Rust ignores SIGPIPE, so a print would panic). Only for commands
-/// that print: a server keeps SIGPIPE ignored, its socket writes get errors instead.
-fn quiet_on_closed_stdout() {
-    // SAFETY: restoring the default disposition of one signal, before any thread that could
-    // race on it prints.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -259,7 +251,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     if let Some(Command::Check(args)) = cli.command {
-        quiet_on_closed_stdout();
+        tessera_node::stdout::quiet_on_closed_stdout();
         return check(args);
     }
     // Launched by the runtime: the socket is an inherited fd, name and index come from the
