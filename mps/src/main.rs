@@ -5,6 +5,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tessera_core::enforcement::{DEFAULT_MPS_ROOT, MpsLayout};
+use tessera_core::flags::{host_path, interval};
 use tessera_core::inventory::{FixtureSource, InventorySource};
 use tessera_mps::control::MpsBinaries;
 use tessera_mps::supervisor::{Backoff, DEFAULT_SHM_MIB, Supervisor, SupervisorConfig};
@@ -26,7 +27,7 @@ enum Command {
     /// Print each card's daemon state; exit 1 unless every daemon is ready (readiness probe).
     Status {
         /// Where the daemons' directories and state are.
-        #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT)]
+        #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT, value_parser = host_path)]
         mps_root: PathBuf,
     },
     /// (Internal) run a daemon with its card's shm directory as /dev/shm.
@@ -46,13 +47,13 @@ enum Command {
 struct RunArgs {
     /// Where the daemons' directories and state are (a host path, shared with the NRI plugin
     /// and the share containers).
-    #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT)]
+    #[arg(long, env = "TESSERA_MPS_ROOT", default_value = DEFAULT_MPS_ROOT, value_parser = host_path)]
     mps_root: PathBuf,
     /// Where this process sees the host's / (the node DaemonSet mounts it at /host).
-    #[arg(long, default_value = "/")]
+    #[arg(long, default_value = "/", value_parser = host_path)]
     host_root: PathBuf,
     /// Host directory of the NVIDIA driver (default: detected).
-    #[arg(long)]
+    #[arg(long, value_parser = host_path)]
     driver_root: Option<PathBuf>,
     /// Fixture file (or built-in name) instead of NVML, for tests.
     #[arg(long)]
@@ -61,13 +62,13 @@ struct RunArgs {
     #[arg(long)]
     control_binary: Option<PathBuf>,
     /// Seconds between health checks of each daemon.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = interval)]
     check_secs: u64,
     /// First restart delay, milliseconds (doubles up to a minute).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = interval)]
     backoff_ms: u64,
     /// Seconds between re-reads of the node's GPUs.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = interval)]
     inventory_secs: u64,
     /// Size of each card's shm tmpfs in MiB (the card's share containers see it as /dev/shm
     /// and share it with the card's MPS server).
@@ -151,15 +152,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Err(e) if args.exclusive_process => anyhow::bail!("--exclusive-process: {e} (--nvidia-smi names one)"),
         Err(_) => {}
     }
-    config.check_every = Duration::from_secs(args.check_secs.max(1));
+    config.check_every = Duration::from_secs(args.check_secs);
     config.shm_mib = args.shm_mib;
     config.backoff = Backoff {
-        base: Duration::from_millis(args.backoff_ms.max(1)),
+        base: Duration::from_millis(args.backoff_ms),
         ..Backoff::default()
     };
     let mut supervisor = Supervisor::new(config);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut ticker = tokio::time::interval(Duration::from_secs(args.inventory_secs.max(1)));
+    let mut ticker = tokio::time::interval(Duration::from_secs(args.inventory_secs));
     loop {
         tokio::select! {
             _ = ticker.tick() => match share_cards(source.as_ref()) {
@@ -180,26 +181,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A command whose output goes to a reader that may stop early (`| head`) ends quietly when it
-/// does, as Unix tools do (Rust ignores SIGPIPE, so a print would panic). Only for commands
-/// that print: a server keeps SIGPIPE ignored, its socket writes get errors instead.
-fn quiet_on_closed_stdout() {
-    // SAFETY: restoring the default disposition of one signal, before any thread that could
-    // race on it prints.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         // Before any thread exists: a mount namespace can only be entered single-threaded.
         Command::ExecDaemon { shm, parent, argv } => Err(tessera_mps::namespace::exec_with_shm(&shm, parent, &argv)),
         Command::Status { mps_root } => {
-            quiet_on_closed_stdout();
+            tessera_node::stdout::quiet_on_closed_stdout();
             let (text, ready) = tessera_mps::status::report(&MpsLayout::new(mps_root), std::time::SystemTime::now());
-            print!("{text}");
+            tessera_node::stdout::print(&text)?;
             if !ready {
                 std::process::exit(1);
             }
