@@ -2,6 +2,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use tessera_core::flags::{host_path, interval, memory_unit_mib};
 use tessera_core::inventory::FixtureSource;
 use tessera_core::request::DEFAULT_MEMORY_UNIT_MIB;
 use tessera_device_plugin::manager::{self, Config, DEFAULT_PLUGIN_DIR, Source};
@@ -12,22 +13,22 @@ use tessera_node::inventory::NvmlSource;
 #[command(version, about)]
 struct Cli {
     /// Kubelet device plugin directory.
-    #[arg(long, default_value = DEFAULT_PLUGIN_DIR)]
+    #[arg(long, default_value = DEFAULT_PLUGIN_DIR, value_parser = host_path)]
     plugin_dir: PathBuf,
     /// MiB per unit of tessera.io/gpu-memory (a cluster-wide setting).
-    #[arg(long, default_value_t = DEFAULT_MEMORY_UNIT_MIB)]
+    #[arg(long, default_value_t = DEFAULT_MEMORY_UNIT_MIB, value_parser = memory_unit_mib)]
     memory_unit_mib: u64,
     /// Fixture file (or built-in name) instead of NVML.
     #[arg(long)]
     fixture: Option<PathBuf>,
     /// Where this process sees the host's / (the node DaemonSet mounts it at /host).
-    #[arg(long, default_value = "/")]
+    #[arg(long, default_value = "/", value_parser = host_path)]
     host_root: PathBuf,
     /// Host directory of the NVIDIA driver (default: detected).
-    #[arg(long)]
+    #[arg(long, value_parser = host_path)]
     driver_root: Option<PathBuf>,
     /// Inventory poll interval, seconds.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = interval)]
     poll_secs: u64,
     /// Seconds without a critical event after which a GPU is healthy again.
     #[arg(long, default_value_t = 300)]
@@ -42,9 +43,6 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let cli = Cli::parse();
-    if cli.memory_unit_mib == 0 {
-        anyhow::bail!("--memory-unit-mib=0: the memory unit must be at least 1 MiB");
-    }
     let source = match cli.fixture {
         // NVML may come later (a driver still loading), so it is waited for; a fixture is not.
         Some(f) => {
@@ -71,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
     let config = Config {
         plugin_dir: cli.plugin_dir,
         memory_unit_mib: cli.memory_unit_mib,
-        poll: Duration::from_secs(cli.poll_secs.max(1)),
+        poll: Duration::from_secs(cli.poll_secs),
         recovery: Duration::from_secs(cli.recovery_secs),
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -28,3 +28,31 @@ fn refuses_what_it_cannot_serve_naming_the_flag() {
         "{err}"
     );
 }
+
+/// A memory unit or a poll interval of 0, a relative host path: refused before anything runs,
+/// naming the flag and the value.
+#[test]
+fn refuses_nonsense_values_naming_the_flag() {
+    for (args, want) in [
+        (
+            &["--memory-unit-mib", "0"][..],
+            "invalid value '0' for '--memory-unit-mib <MEMORY_UNIT_MIB>': the memory unit must be at least 1 MiB",
+        ),
+        (
+            &["--poll-secs", "0"][..],
+            "invalid value '0' for '--poll-secs <POLL_SECS>': an interval must be at least 1",
+        ),
+        (
+            &["--plugin-dir", "plugins"][..],
+            "invalid value 'plugins' for '--plugin-dir <PLUGIN_DIR>': a host path must be absolute",
+        ),
+        (
+            &["--driver-root", "nvidia"][..],
+            "'--driver-root <DRIVER_ROOT>': a host path must be absolute",
+        ),
+    ] {
+        let (code, err) = run(args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

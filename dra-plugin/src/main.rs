@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use tessera_core::dra::{PLUGIN_DIR, REGISTRY_DIR};
+use tessera_core::flags::{host_path, interval, memory_unit_mib};
 use tessera_core::inventory::{FixtureMigInstances, FixtureSource, InventorySource, MigPartitioner};
 use tessera_core::request::DEFAULT_MEMORY_UNIT_MIB;
 use tessera_dra_plugin::driver::ApiClaims;
@@ -19,35 +20,35 @@ struct Cli {
     #[arg(long, env = "NODE_NAME")]
     node_name: String,
     /// The kubelet's plugin registry directory.
-    #[arg(long, default_value = REGISTRY_DIR)]
+    #[arg(long, default_value = REGISTRY_DIR, value_parser = host_path)]
     registry_dir: PathBuf,
     /// The directory of this plugin's DRA socket (as the kubelet sees it).
-    #[arg(long, default_value = PLUGIN_DIR)]
+    #[arg(long, default_value = PLUGIN_DIR, value_parser = host_path)]
     plugin_dir: PathBuf,
     /// CDI spec directory the container runtime reads (claim markers are written there).
-    #[arg(long, default_value = "/var/run/cdi")]
+    #[arg(long, default_value = "/var/run/cdi", value_parser = host_path)]
     cdi_dir: PathBuf,
     /// Where prepared claims are recorded (read by Tessera's NRI plugin).
-    #[arg(long, default_value = tessera_core::dra::DEFAULT_STATE_DIR)]
+    #[arg(long, default_value = tessera_core::dra::DEFAULT_STATE_DIR, value_parser = host_path)]
     state_dir: PathBuf,
     /// MiB per step of a share's memory (a cluster-wide setting, as the device plugin's).
-    #[arg(long, default_value_t = DEFAULT_MEMORY_UNIT_MIB)]
+    #[arg(long, default_value_t = DEFAULT_MEMORY_UNIT_MIB, value_parser = memory_unit_mib)]
     memory_unit_mib: u64,
     /// Fixture file (or built-in name) instead of NVML.
     #[arg(long)]
     fixture: Option<PathBuf>,
     /// Where this process sees the host's / (the node DaemonSet mounts it at /host).
-    #[arg(long, default_value = "/")]
+    #[arg(long, default_value = "/", value_parser = host_path)]
     host_root: PathBuf,
     /// Host directory of the NVIDIA driver (default: detected).
-    #[arg(long)]
+    #[arg(long, value_parser = host_path)]
     driver_root: Option<PathBuf>,
     /// Where the NRI plugin records what each live container was granted (read to keep a card
     /// held while a container uses it).
-    #[arg(long, env = "TESSERA_GRANTS_DIR", default_value = tessera_core::granted::DEFAULT_GRANTS_DIR)]
+    #[arg(long, env = "TESSERA_GRANTS_DIR", default_value = tessera_core::granted::DEFAULT_GRANTS_DIR, value_parser = host_path)]
     grants_dir: PathBuf,
     /// How often the node's GPUs are read, seconds.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = interval)]
     poll_secs: u64,
 }
 
@@ -61,9 +62,6 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // kube's TLS: one crypto provider for the process (the workspace's rustls has two).
     let _ = rustls::crypto::ring::default_provider().install_default();
-    if cli.memory_unit_mib == 0 {
-        anyhow::bail!("--memory-unit-mib=0: the memory unit must be at least 1 MiB");
-    }
     if cli.node_name.is_empty() {
         anyhow::bail!("--node-name (NODE_NAME) is empty: the pool is named after the node");
     }
@@ -103,7 +101,7 @@ async fn main() -> anyhow::Result<()> {
         cdi_dir: cli.cdi_dir,
         state_dir: cli.state_dir,
         memory_unit_mib: cli.memory_unit_mib,
-        poll: Duration::from_secs(cli.poll_secs.max(1)),
+        poll: Duration::from_secs(cli.poll_secs),
         partitioner,
         cdi_wait: tessera_dra_plugin::driver::CDI_WAIT,
         grants_dir: cli.grants_dir,
