@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use tessera_claims::admission::certs::SelfManaged;
-use tessera_core::handoff::SigningKeys;
+use tessera_core::flags::{listen_address, memory_unit_mib};
 use tessera_core::placement::EngineConfig;
 use tessera_core::policy::PolicyKind;
 use tessera_core::request::RequestOptions;
@@ -20,8 +20,8 @@ use tracing::info;
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Listen address.
-    #[arg(long, default_value = "0.0.0.0:8888")]
+    /// Listen address (`IP:PORT`).
+    #[arg(long, default_value = "0.0.0.0:8888", value_parser = listen_address)]
     listen: SocketAddr,
     /// URL prefix of the verbs (the scheduler's `urlPrefix` path).
     #[arg(long, default_value = "/tessera")]
@@ -36,7 +36,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "mosaic")]
     gpu_policy: PolicyKind,
     /// MiB in one unit of `tessera.io/gpu-memory` (must match the device plugin).
-    #[arg(long, default_value_t = RequestOptions::default().memory_unit_mib, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = RequestOptions::default().memory_unit_mib, value_parser = memory_unit_mib)]
     memory_unit_mib: u64,
     /// Largest request body, bytes (a `Nodes` list of a big cluster is large).
     #[arg(long, default_value_t = 64 << 20)]
@@ -90,8 +90,8 @@ pub struct ServeArgs {
     /// Do not serve the claims' admission webhook.
     #[arg(long)]
     no_webhook: bool,
-    /// The admission webhook's listen address (HTTPS).
-    #[arg(long, default_value = "0.0.0.0:9443")]
+    /// The admission webhook's listen address (HTTPS, `IP:PORT`).
+    #[arg(long, default_value = "0.0.0.0:9443", value_parser = listen_address)]
     webhook_listen: SocketAddr,
     /// The webhook's PEM certificate chain (with --webhook-key); without them the extender
     /// keeps its own in --webhook-secret and writes its CA into --webhook-configuration.
@@ -112,8 +112,8 @@ pub struct ServeArgs {
 }
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let keys = SigningKeys::from_dir(&args.keys_dir)
-        .with_context(|| format!("loading hand-off keys from {}", args.keys_dir.display()))?;
+    let keys = tessera_extender::service::keys::signing_keys(&args.keys_dir)
+        .map_err(|e| anyhow::anyhow!("loading hand-off keys from {}: {e}", args.keys_dir.display()))?;
     service::install_crypto_provider();
     let client = kube::Client::try_default()
         .await

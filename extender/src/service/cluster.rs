@@ -307,7 +307,7 @@ impl Cluster {
             let now = KeyDirStamp::of(dir);
             let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
             if *seen != now {
-                match SigningKeys::from_dir(dir) {
+                match super::keys::signing_keys(dir) {
                     Ok(fresh) => {
                         info!(dir = %dir.display(), active = fresh.active_key_id(), "the hand-off keys changed: reloaded");
                         *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);

@@ -6,6 +6,7 @@ pub mod bind;
 pub mod cluster;
 pub mod events;
 pub mod http;
+pub mod keys;
 pub mod leader;
 pub mod metrics;
 pub mod podview;
