@@ -23,6 +23,10 @@ pub enum CliError {
         "no Tessera nodes: no node carries the tessera.io/inventory annotation (is the tessera-node DaemonSet running?)"
     )]
     NoTesseraNodes,
+    /// Nodes carry the inventory annotation and none of them (or not the one named) can be
+    /// read: each with why.
+    #[error("no Tessera node can be read:\n  {}", .0.join("\n  "))]
+    UnreadableNodes(Vec<String>),
     /// The named node is not a Tessera node.
     #[error("node {0:?} is not a Tessera node (no tessera.io/inventory annotation, or no such node)")]
     NodeNotFound(String),
@@ -83,17 +87,29 @@ pub async fn inspect(client: &Client, node: Option<&str>, output: Output) -> Res
     let mut view = ClusterView::build(&nodes, &pods);
     view.add_claims(&claims);
     view.problems.extend(denied);
-    if view.nodes.is_empty() {
+    select(&mut view, node)?;
+    Ok(render::inspect(&view, output))
+}
+
+/// Keeps only node `node` of the view when one is named; an error when there is nothing to
+/// show, naming the nodes whose inventory cannot be read when there are some.
+pub fn select(view: &mut ClusterView, node: Option<&str>) -> Result<(), CliError> {
+    if view.nodes.is_empty() && view.unreadable.is_empty() {
         return Err(CliError::NoTesseraNodes);
     }
     if let Some(name) = node {
+        let about = format!("node {name}: ");
         view.nodes.retain(|n| n.name == name);
-        if view.nodes.is_empty() {
+        view.unreadable.retain(|p| p.starts_with(&about));
+        view.problems.retain(|p| p.contains(&format!(" {name}")));
+        if view.nodes.is_empty() && view.unreadable.is_empty() {
             return Err(CliError::NodeNotFound(name.to_string()));
         }
-        view.problems.retain(|p| p.contains(&format!(" {name}")));
     }
-    Ok(render::inspect(&view, output))
+    if view.nodes.is_empty() {
+        return Err(CliError::UnreadableNodes(view.unreadable.clone()));
+    }
+    Ok(())
 }
 
 /// `pod NAME`: what the pod asked for, was given and why it waits.

@@ -1,6 +1,8 @@
 //! `kubectl-tessera`: put it on the PATH and run `kubectl tessera inspect` or
 //! `kubectl tessera pod NAME`.
 
+use std::io::Write as _;
+
 use clap::{Parser, Subcommand};
 use tessera_core::request::RequestOptions;
 use tessera_kubectl::Output;
@@ -39,7 +41,7 @@ enum Command {
         #[arg(short, long)]
         namespace: Option<String>,
         /// MiB in one tessera.io/gpu-memory unit (the cluster's setting).
-        #[arg(long, default_value_t = RequestOptions::default().memory_unit_mib)]
+        #[arg(long, default_value_t = RequestOptions::default().memory_unit_mib, value_parser = tessera_core::flags::memory_unit_mib)]
         memory_unit_mib: u64,
     },
 }
@@ -89,7 +91,14 @@ async fn main() {
         }
     };
     match result {
-        Ok(text) => print!("{text}"),
+        // A write that fails (`> /dev/full`) is an error, not a panic.
+        Ok(text) => {
+            let mut out = std::io::stdout().lock();
+            if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+                eprintln!("error: writing to standard output: {e}");
+                std::process::exit(1);
+            }
+        }
         // An API request that failed names the server it went to.
         Err(e @ tessera_kubectl::CliError::Api { .. }) => {
             eprintln!("error: {server}: {e}");

@@ -9,7 +9,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::Serialize;
 use tessera_core::dra;
 use tessera_core::handoff::{AllocatedDevice, Allocation};
-use tessera_core::inventory::PublishedInventory;
+use tessera_core::inventory::{INVENTORY_VERSION, PublishedInventory};
 use tessera_core::ledger::usage_of;
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_INVENTORY};
 use tessera_core::placement::{CARD_MILLI, ClusterState, NodeState, PodDemand};
@@ -75,6 +75,28 @@ pub struct ClusterView {
     pub nodes: Vec<NodeView>,
     /// Allocations that do not match their node's inventory, for people to look at.
     pub problems: Vec<String>,
+    /// Nodes whose inventory annotation cannot be read, each with why (also among
+    /// [`ClusterView::problems`]).
+    #[serde(skip)]
+    pub unreadable: Vec<String>,
+}
+
+/// A node's `tessera.io/inventory` annotation, or why it cannot be read: malformed, or of a
+/// format newer than this build's (its node agents are newer than kubectl-tessera).
+pub fn read_inventory(text: &str) -> Result<PublishedInventory, String> {
+    #[derive(serde::Deserialize)]
+    struct Versioned {
+        version: u32,
+    }
+    if let Ok(Versioned { version }) = serde_json::from_str(text)
+        && version > INVENTORY_VERSION
+    {
+        return Err(format!(
+            "its {ANNOTATION_INVENTORY} annotation is of format version {version}, and this kubectl-tessera \
+             reads version {INVENTORY_VERSION}: kubectl-tessera is older than the node agents (update it)"
+        ));
+    }
+    PublishedInventory::decode(text).map_err(|e| format!("its {ANNOTATION_INVENTORY} annotation cannot be read: {e}"))
 }
 
 /// A pod's allocation, when it has a readable one.
@@ -116,6 +138,7 @@ impl ClusterView {
     /// The view of `nodes` (those without a Tessera inventory are left out) and `pods`.
     pub fn build(nodes: &[Node], pods: &[Pod]) -> Self {
         let mut problems = Vec::new();
+        let mut unreadable = Vec::new();
         let mut views: BTreeMap<String, NodeView> = BTreeMap::new();
         // The engine's view of each node's cards, to charge pods by the engine's own rule.
         let mut cluster = ClusterState::new();
@@ -130,10 +153,10 @@ impl ClusterView {
             else {
                 continue;
             };
-            let inv = match PublishedInventory::decode(text) {
+            let inv = match read_inventory(text) {
                 Ok(inv) => inv,
                 Err(e) => {
-                    problems.push(format!("node {name}: {e}"));
+                    unreadable.push(format!("node {name}: {e}"));
                     continue;
                 }
             };
@@ -220,9 +243,11 @@ impl ClusterView {
                 c.tenants.dedup();
             }
         }
+        problems.splice(0..0, unreadable.iter().cloned());
         Self {
             nodes: views.into_values().collect(),
             problems,
+            unreadable,
         }
     }
 }
