@@ -8,6 +8,7 @@
 
 use tessera_core::enforcement::ShareEnforcement;
 
+use crate::image::IMAGE_PATTERN;
 use crate::{ManifestOptions, objects, to_yaml};
 
 /// Rendered in place of each value, then replaced with the value's template expression (the
@@ -462,7 +463,8 @@ exclusiveProcess: {exclusive}
 }
 
 /// Helm refuses values outside these before rendering, naming the value; the patterns keep
-/// every string a plain YAML scalar wherever it is put.
+/// every string a plain YAML scalar wherever it is put. Images are held to the rule
+/// `tessera-manifests --image` applies ([`IMAGE_PATTERN`]).
 fn values_schema() -> String {
     // No whitespace, quotes, backslashes or braces.
     const WORD: &str = r#"[^\s"'\\{}]"#;
@@ -478,8 +480,8 @@ fn values_schema() -> String {
         "if": {"properties": {"exclusiveProcess": {"const": true}}},
         "then": {"properties": {"shareEnforcement": {"const": "mps", "description": "exclusiveProcess needs shareEnforcement mps"}}},
         "properties": {
-            "image": {"type": "string", "pattern": format!("^[a-z0-9]{WORD}*$"), "description": "The Tessera image"},
-            "schedulerImage": {"type": "string", "pattern": format!("^[a-z0-9]{WORD}*$"), "description": "The kube-scheduler image of the tessera scheduler"},
+            "image": {"type": "string", "pattern": IMAGE_PATTERN, "description": "The Tessera image"},
+            "schedulerImage": {"type": "string", "pattern": IMAGE_PATTERN, "description": "The kube-scheduler image of the tessera scheduler"},
             "replicas": {"type": "integer", "minimum": 1, "description": "Extender replicas"},
             "driverRoot": {"type": "string", "pattern": format!("^(/{WORD}*)?$"), "description": "Host directory of the NVIDIA driver files (an absolute path), or empty"},
             "shareEnforcement": {"enum": ENFORCEMENTS.iter().map(|e| e.to_string()).collect::<Vec<_>>(), "description": "mps, hook or none"},

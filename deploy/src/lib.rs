@@ -931,5 +931,6 @@ pub mod chart;
 pub mod claims;
 pub mod dra;
 pub mod guards;
+pub mod image;
 #[cfg(test)]
 mod tests;

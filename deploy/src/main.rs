@@ -4,6 +4,7 @@
 
 use anyhow::Context;
 use clap::Parser;
+use tessera_deploy::image::{IMAGE_SHAPE, is_image_reference};
 use tessera_deploy::{ManifestOptions, render, scheduler_config};
 
 /// Print Tessera's install manifests (typed objects rendered to YAML): every component, the
@@ -75,11 +76,12 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
             && !ns.ends_with('-'),
         "--namespace={ns:?}: not a namespace name (lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit)"
     );
+    // The chart's values schema holds its values to the same rule.
     for (flag, image) in [("--image", &args.image), ("--scheduler-image", &args.scheduler_image)] {
         if let Some(i) = image {
             anyhow::ensure!(
-                !i.is_empty() && !i.contains(char::is_whitespace),
-                "{flag}={i:?}: not an image reference"
+                is_image_reference(i),
+                "{flag}={i:?}: not an image reference ({IMAGE_SHAPE})"
             );
         }
     }
@@ -127,7 +129,7 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
         render(&opts)
     };
     if args.out == "-" {
-        print!("{text}");
+        print(&text)?;
     } else {
         std::fs::write(&args.out, text).with_context(|| format!("writing {}", args.out))?;
     }
@@ -165,13 +167,24 @@ fn write_chart(dir: &std::path::Path, files: &[(String, String)]) -> anyhow::Res
 }
 
 /// A command whose output goes to a reader that may stop early (`| head`) ends quietly when it
-/// does, as Unix tools do (Rust ignores SIGPIPE, so a print would panic).
+/// does, as Unix tools do (Rust ignores SIGPIPE, so a print would panic). The node agents'
+/// `tessera_node::stdout` does the same; this workstation tool does not take in the node
+/// agents' crate (NVML, nix) for it.
 fn quiet_on_closed_stdout() {
     // SAFETY: restoring the default disposition of one signal, before any thread that could
     // race on it prints.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+}
+
+/// Writes `text` to standard output: a write that fails (`> /dev/full`) is an error, not a panic.
+fn print(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| anyhow::anyhow!("writing to standard output: {e}"))
 }
 
 fn main() -> anyhow::Result<()> {

@@ -173,3 +173,54 @@ fn helm_refuses_bad_values_naming_them() {
         );
     }
 }
+
+#[path = "image_names.rs"]
+mod image_names;
+
+/// `tessera-manifests --image` and the chart's values schema judge image names by one rule:
+/// each name of the lists is accepted by both or refused by both (the values are given in a
+/// file, so Helm reads each name exactly, escapes and commas included).
+#[test]
+fn the_flag_and_the_chart_judge_image_names_alike() {
+    let dir = std::env::temp_dir().join(format!("tessera-image-names-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let values = dir.join("values.json");
+    let names = image_names::GOOD.iter().map(|n| (*n, true));
+    let mut mismatches = Vec::new();
+    for (name, good) in names.chain(image_names::BAD.iter().map(|n| (*n, false))) {
+        for (flag, key) in [("--image", "image"), ("--scheduler-image", "schedulerImage")] {
+            let out = Command::new(env!("CARGO_BIN_EXE_tessera-manifests"))
+                .arg(format!("{flag}={name}"))
+                .args(["--out", dir.join("out.yaml").to_str().unwrap()])
+                .output()
+                .unwrap();
+            let cli = out.status.success();
+            let err = String::from_utf8_lossy(&out.stderr);
+            if !cli && !err.contains(&format!("{flag}={name:?}: not an image reference")) {
+                mismatches.push(format!("{flag}={name:?}: the refusal does not name it: {err}"));
+            }
+            std::fs::write(&values, serde_json::json!({ key: name }).to_string()).unwrap();
+            let out = Command::new(helm())
+                .args(["template", "tessera"])
+                .arg(root().join("deploy/chart/tessera"))
+                .arg("-f")
+                .arg(&values)
+                .env("HELM_CACHE_HOME", dir.join("cache"))
+                .env("HELM_CONFIG_HOME", dir.join("config"))
+                .env("HELM_DATA_HOME", dir.join("data"))
+                .output()
+                .unwrap();
+            let chart = out.status.success();
+            let err = String::from_utf8_lossy(&out.stderr);
+            if !chart && !err.contains("values don't meet the specifications of the schema") {
+                // Let through by the schema, broken in a template.
+                let line = err.lines().next().unwrap_or_default();
+                mismatches.push(format!("{key}={name:?}: the schema lets it through to break: {line}"));
+            } else if (cli, chart) != (good, good) {
+                mismatches.push(format!("{key}={name:?}: flag {cli}, chart {chart}, want {good}"));
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
