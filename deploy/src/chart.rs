@@ -9,7 +9,7 @@
 use tessera_core::enforcement::ShareEnforcement;
 
 use crate::image::IMAGE_PATTERN;
-use crate::{ManifestOptions, objects, to_yaml};
+use crate::{EXTENDER, KEYS_SECRET, ManifestOptions, NODE, PUBLIC_KEYS_SECRET, SCHEDULER_NAME, objects, to_yaml};
 
 /// Rendered in place of each value, then replaced with the value's template expression (the
 /// replica count is a number, so its sentinel is one).
@@ -378,6 +378,8 @@ pub fn files(defaults: &ManifestOptions) -> Vec<(String, String)> {
         ("Chart.yaml".to_string(), chart_yaml()),
         ("values.yaml".to_string(), values_yaml(defaults)),
         ("values.schema.json".to_string(), values_schema()),
+        ("templates/NOTES.txt".to_string(), notes(defaults)),
+        ("templates/key-secrets-check.yaml".to_string(), key_secrets_check()),
     ];
     let mut n = 0;
     for k in &order {
@@ -420,6 +422,76 @@ appVersion: \"{version}\"
 kubeVersion: \">=1.30.0-0\"
 home: https://github.com/tessera-gpu/tessera
 "
+    )
+}
+
+/// What `helm install` and `helm upgrade` print after the release: the steps left, in order.
+fn notes(d: &ManifestOptions) -> String {
+    use tessera_core::names::{RESOURCE_GPU_CORE, RESOURCE_GPU_MEMORY};
+    format!(
+        "{{{{- /* {RENDERED_BY} */}}}}
+Tessera {{{{ .Chart.AppVersion }}}} is installed in namespace {{{{ .Release.Namespace }}}} (share enforcement: {{{{ .Values.shareEnforcement }}}}{{{{ if .Values.dra }}}}, DRA driver {DRIVER}{{{{ end }}}}).
+The hand-off key Secrets {KEYS_SECRET} and {PUBLIC_KEYS_SECRET} were checked.
+
+Next:
+1. On each GPU node, NRI must be on in the container runtime (deploy/runtime/ in the source) and the
+   node labelled:  kubectl label node <gpu-node> {label}={value}
+2. Wait for the agents:
+     kubectl -n {{{{ .Release.Namespace }}}} rollout status deployment/{EXTENDER}
+     kubectl -n {{{{ .Release.Namespace }}}} rollout status daemonset/{NODE}
+3. Check a GPU node (NRI socket, runtime settings, CDI spec, driver, keys); every line should say ok:
+     kubectl -n {{{{ .Release.Namespace }}}} exec <{NODE} pod on the node> -c nri-plugin -- \\
+       tessera-nri-plugin check --host-root /host --containerd-config /host/etc/containerd/config.toml
+4. Run a pod on a share: schedulerName: {SCHEDULER_NAME}, and resources limits
+     {RESOURCE_GPU_CORE}: 30 and {RESOURCE_GPU_MEMORY}: 8 (GiB; docs/user-guide.md has more shapes)
+5. See what each pod was given:  kubectl tessera inspect
+
+Troubleshooting: docs/operations.md#troubleshooting
+",
+        DRIVER = tessera_core::dra::DRIVER,
+        label = d.node_selector.0,
+        value = d.node_selector.1,
+    )
+}
+
+/// A template that renders nothing and fails the install or upgrade when the hand-off key
+/// Secrets are missing or wrong: every pod would otherwise fail at creation (no key to verify
+/// with), or any node could sign (a private key in the nodes' Secret). It asks the cluster, so
+/// `helm template` and `helm lint`, which have none, skip it.
+fn key_secrets_check() -> String {
+    format!(
+        r#"{{{{- /* {RENDERED_BY} */}}}}
+{{{{- /* Asked only of a cluster: every cluster has kube-system, and offline lookups are empty. */}}}}
+{{{{- if lookup "v1" "Namespace" "" "kube-system" }}}}
+{{{{- $ns := .Release.Namespace }}}}
+{{{{- $how := "create it before installing (docs/operations.md, Signing key)" }}}}
+{{{{- $keys := lookup "v1" "Secret" $ns "{KEYS_SECRET}" }}}}
+{{{{- if not $keys }}}}
+{{{{- fail (printf "Secret %s/{KEYS_SECRET} (the extender's signing keys) does not exist: %s" $ns $how) }}}}
+{{{{- end }}}}
+{{{{- $data := default dict $keys.data }}}}
+{{{{- $active := trim (b64dec (default "" (index $data "active"))) }}}}
+{{{{- if not $active }}}}
+{{{{- fail (printf "Secret %s/{KEYS_SECRET}: no active entry naming the key that signs (add --from-literal=active=<key id>)" $ns) }}}}
+{{{{- end }}}}
+{{{{- if not (hasKey $data $active) }}}}
+{{{{- fail (printf "Secret %s/{KEYS_SECRET}: active names key %q, which it does not hold (it holds %s)" $ns $active (without (keys $data | sortAlpha) "active" | join ", ")) }}}}
+{{{{- end }}}}
+{{{{- $public := lookup "v1" "Secret" $ns "{PUBLIC_KEYS_SECRET}" }}}}
+{{{{- if not $public }}}}
+{{{{- fail (printf "Secret %s/{PUBLIC_KEYS_SECRET} (the keys the nodes verify with) does not exist: %s" $ns $how) }}}}
+{{{{- end }}}}
+{{{{- $verify := default dict $public.data }}}}
+{{{{- range $id := keys $verify | sortAlpha }}}}
+{{{{- if contains "PRIVATE KEY" (b64dec (index $verify $id)) }}}}
+{{{{- fail (printf "Secret %s/{PUBLIC_KEYS_SECRET}: key %q is a private key, with which any node could sign; put its public half there (openssl pkey -in %s.pem -pubout)" $ns $id $id) }}}}
+{{{{- end }}}}
+{{{{- end }}}}
+{{{{- if not (hasKey $verify $active) }}}}
+{{{{- fail (printf "Secret %s/{PUBLIC_KEYS_SECRET}: no key %q, the active key's public half: the nodes could verify no new allocation" $ns $active) }}}}
+{{{{- end }}}}
+{{{{- end }}}}
+"#
     )
 }
 

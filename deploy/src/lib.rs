@@ -78,7 +78,7 @@ pub use tessera_core::names::SCHEDULER_NAME;
 pub const KEYS_SECRET: &str = "tessera-handoff-keys";
 /// The Secret holding their public keys: what the nodes verify with (and cannot sign with).
 pub const PUBLIC_KEYS_SECRET: &str = "tessera-handoff-public-keys";
-const EXTENDER: &str = "tessera-extender";
+pub(crate) const EXTENDER: &str = "tessera-extender";
 const SCHEDULER: &str = "tessera-scheduler";
 pub(crate) const NODE: &str = "tessera-node";
 const EXTENDER_PORT: i32 = 8888;
