@@ -12,7 +12,9 @@ use thiserror::Error;
 use crate::mig::MigProfile;
 use crate::request::ContainerRole;
 
-pub use keys::{KeyDirStamp, KeyError, KeyKind, MIN_KEY_BYTES, SignedAllocation, SigningKeys, VerifyingKeys};
+pub use keys::{
+    ACTIVE_KEY_FILE, KeyDirStamp, KeyError, KeyKind, MIN_KEY_BYTES, SignedAllocation, SigningKeys, VerifyingKeys,
+};
 
 /// Version of the allocation format this build writes and reads.
 pub const ALLOCATION_VERSION: u32 = 1;

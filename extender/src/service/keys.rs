@@ -2,34 +2,33 @@
 
 use std::path::Path;
 
-use tessera_core::handoff::{KeyError, SigningKeys};
-
-/// The file naming the active key (core's handoff keys read it; the name is not exported).
-const ACTIVE_KEY_FILE: &str = "active";
+use tessera_core::handoff::{ACTIVE_KEY_FILE, KeyError, SigningKeys};
 
 /// Reads the signing keys in `dir` (a mounted Secret). When the `active` file is missing, empty
 /// or names no key file, the error names the file, what it holds and the keys there are.
 pub fn signing_keys(dir: &Path) -> Result<SigningKeys, String> {
-    SigningKeys::from_dir(dir).map_err(|e| match e {
-        KeyError::NoActiveKey(id) => {
-            let active = dir.join(ACTIVE_KEY_FILE);
-            let held = match key_files(dir).as_slice() {
-                [] => "there is no key file".to_string(),
-                files => format!("the key files are {}", files.join(", ")),
-            };
-            let what = if id.is_empty() && !active.exists() {
-                "is missing".to_string()
-            } else if id.is_empty() {
-                "is empty".to_string()
-            } else {
-                format!("names {id:?}, which is no key file there")
-            };
-            format!(
-                "{} {what}: it must hold the id of the key that signs ({held})",
-                active.display()
-            )
-        }
-        e => e.to_string(),
+    SigningKeys::from_dir(dir).map_err(|e| {
+        let id = match e {
+            KeyError::NoActiveKey(id) => id,
+            KeyError::NoActive { .. } => String::new(),
+            e => return e.to_string(),
+        };
+        let active = dir.join(ACTIVE_KEY_FILE);
+        let held = match key_files(dir).as_slice() {
+            [] => "there is no key file".to_string(),
+            files => format!("the key files are {}", files.join(", ")),
+        };
+        let what = if id.is_empty() && !active.exists() {
+            "is missing".to_string()
+        } else if id.is_empty() {
+            "is empty".to_string()
+        } else {
+            format!("names {id:?}, which is no key file there")
+        };
+        format!(
+            "{} {what}: it must hold the id of the key that signs ({held})",
+            active.display()
+        )
     })
 }
 
