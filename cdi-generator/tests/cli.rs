@@ -3,31 +3,17 @@
 //! flags that would write nonsense into the spec (a relative host path) or spin (an interval of
 //! 0) are refused, naming the flag and the value.
 
-use std::os::unix::process::ExitStatusExt as _;
 use std::process::{Command, Output, Stdio};
+
+use tessera_node::stdout::testing;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tessera-cdi-generator");
 const GENERATE: &[&str] = &["generate", "--fixture", "h100x8", "--no-driver-bundle"];
 
 fn run(args: &[&str], stdout: Stdio) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .stdout(stdout)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // A piped stdout is closed at once: the reader is gone before the first write.
-    drop(child.stdout.take());
-    child.wait_with_output().unwrap()
-}
-
-fn dev_full() -> Stdio {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/full")
-        .unwrap()
-        .into()
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    testing::run(cmd, stdout)
 }
 
 #[test]
@@ -37,22 +23,11 @@ fn printing_into_a_full_disk_is_an_error_and_into_a_closed_pipe_a_quiet_end() {
         &["topology", "--fixture", "h100x8"],
         &["topology", "--fixture", "h100x8", "--json"],
     ] {
-        let out = run(args, dev_full());
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-        assert!(
-            stderr.contains("writing to standard output: No space left on device") && !stderr.contains("panicked"),
-            "{args:?}: {stderr}"
-        );
-        let out = run(args, Stdio::piped());
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            out.status.signal(),
-            Some(libc::SIGPIPE),
-            "{args:?}: {:?} {stderr}",
-            out.status
-        );
-        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        testing::assert_stdout_failures_handled(|| {
+            let mut cmd = Command::new(BIN);
+            cmd.args(args);
+            cmd
+        });
     }
 }
 

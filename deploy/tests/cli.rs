@@ -103,32 +103,7 @@ fn a_chart_replaces_a_chart_and_nothing_else() {
 /// that stops early (`| head -1`): a quiet end, as Unix tools do.
 #[test]
 fn printing_into_a_full_disk_is_an_error_and_into_a_closed_pipe_a_quiet_end() {
-    use std::os::unix::process::ExitStatusExt as _;
-    use std::process::Stdio;
-    let run = |stdout: Stdio| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera-manifests"))
-            .env("RUST_BACKTRACE", "0")
-            .stdout(stdout)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // A piped stdout is closed at once: the reader is gone before the first write.
-        drop(child.stdout.take());
-        child.wait_with_output().unwrap()
-    };
-    let out = run(std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/full")
-        .unwrap()
-        .into());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("writing to standard output: No space left on device") && !err.contains("panicked"),
-        "{err}"
-    );
-    let out = run(Stdio::piped());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {err}", out.status);
-    assert!(!err.contains("panicked"), "{err}");
+    tessera_node::stdout::testing::assert_stdout_failures_handled(|| {
+        Command::new(env!("CARGO_BIN_EXE_tessera-manifests"))
+    });
 }

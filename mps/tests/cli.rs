@@ -2,41 +2,23 @@
 //! output, into a reader that stops early a quiet end; a relative MPS root (handed to share
 //! containers as a host path) and intervals of 0 (a busy loop) are refused, naming the flag.
 
-use std::os::unix::process::ExitStatusExt as _;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
+
+use tessera_node::stdout::testing;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tessera-mps-supervisor");
 
-fn run(args: &[&str], stdout: Stdio) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .env_remove("TESSERA_MPS_ROOT")
-        .stdout(stdout)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // A piped stdout is closed at once: the reader is gone before the first write.
-    drop(child.stdout.take());
-    child.wait_with_output().unwrap()
+fn command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).env_remove("TESSERA_MPS_ROOT");
+    cmd
 }
 
 #[test]
 fn status_into_a_full_disk_is_an_error_and_into_a_closed_pipe_a_quiet_end() {
     let dir = tempfile::tempdir().unwrap();
     let args = ["status", "--mps-root", dir.path().to_str().unwrap()];
-    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
-    let out = run(&args, full.into());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("writing to standard output: No space left on device") && !err.contains("panicked"),
-        "{err}"
-    );
-    let out = run(&args, Stdio::piped());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {err}", out.status);
-    assert!(!err.contains("panicked"), "{err}");
+    testing::assert_stdout_failures_handled(|| command(&args));
 }
 
 #[test]
@@ -67,7 +49,7 @@ fn relative_roots_and_zero_intervals_are_refused_naming_the_flag() {
             "invalid value '0' for '--backoff-ms <BACKOFF_MS>': an interval must be at least 1",
         ),
     ] {
-        let out = run(args, Stdio::null());
+        let out = testing::run(command(args), Stdio::null());
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: {err}");

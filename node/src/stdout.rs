@@ -29,3 +29,51 @@ pub fn print(text: &str) -> Result<(), StdoutError> {
     out.flush()?;
     Ok(())
 }
+
+/// For the printing commands' tests: the two ways standard output fails, each run against a
+/// built binary.
+#[cfg(feature = "testing")]
+pub mod testing {
+    use std::os::unix::process::ExitStatusExt as _;
+    use std::process::{Command, Output, Stdio};
+
+    /// Runs `cmd` with its standard output on `stdout` (a pipe is closed at once: the reader is
+    /// gone before the first write) and its standard error captured, without backtraces.
+    pub fn run(mut cmd: Command, stdout: Stdio) -> Output {
+        let mut child = cmd
+            .env("RUST_BACKTRACE", "0")
+            .stdout(stdout)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the command starts");
+        drop(child.stdout.take());
+        child.wait_with_output().expect("the command ends")
+    }
+
+    /// What `command()` prints, into a full disk (`/dev/full`): exit code 1 and an error naming
+    /// standard output, no panic; into a reader that stops early: the quiet end SIGPIPE gives,
+    /// as Unix tools have.
+    pub fn assert_stdout_failures_handled(mut command: impl FnMut() -> Command) {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full opens");
+        let what = format!("{:?}", command());
+        let out = run(command(), full.into());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{what} into /dev/full: {err}");
+        assert!(
+            err.contains("writing to standard output: No space left on device") && !err.contains("panicked"),
+            "{what} into /dev/full: {err}"
+        );
+        let out = run(command(), Stdio::piped());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "{what} into a closed pipe: {:?}: {err}",
+            out.status
+        );
+        assert!(!err.contains("panicked"), "{what} into a closed pipe: {err}");
+    }
+}

@@ -1,22 +1,20 @@
 //! The binary's flags, checked as NRI wants them; `check`'s report into a full disk is an
 //! error naming standard output, into a reader that stops early a quiet end.
 
-use std::os::unix::process::ExitStatusExt as _;
 use std::process::{Command, Output, Stdio};
+
+use tessera_node::stdout::testing;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tessera-nri-plugin");
 
 fn run(args: &[&str], stdout: Stdio) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .stdout(stdout)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // A piped stdout is closed at once: the reader is gone before the first write.
-    drop(child.stdout.take());
-    child.wait_with_output().unwrap()
+    testing::run(command(args), stdout)
+}
+
+fn command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    cmd
 }
 
 /// The plugin's name and index as NRI wants them, refused otherwise, naming the flag.
@@ -101,22 +99,5 @@ fn check_into_a_full_disk_is_an_error_and_into_a_closed_pipe_a_quiet_end() {
         "--cdi-dir",
         d,
     ];
-    let out = run(
-        &args,
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/full")
-            .unwrap()
-            .into(),
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("writing to standard output: No space left on device") && !err.contains("panicked"),
-        "{err}"
-    );
-    let out = run(&args, Stdio::piped());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {err}", out.status);
-    assert!(!err.contains("panicked"), "{err}");
+    testing::assert_stdout_failures_handled(|| command(&args));
 }
