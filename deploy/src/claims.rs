@@ -12,7 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tessera_api::pod::{ELASTIC_GPU_CLAIM_PREFIX, TESSERA_CLAIM_PREFIX};
 
-use super::{EXTENDER, ManifestOptions, meta, rule, selector};
+use crate::build::{meta, rule, selector};
+use crate::{EXTENDER, ManifestOptions};
 use tessera_api::pod::MUTATE_PODS_PATH;
 
 /// The webhook's Service (every replica serves it, leader or not).

@@ -10,8 +10,9 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector};
 use tessera_core::dra::DRIVER;
 
+use super::build::{cluster_binding, meta, rule};
 use super::guards::{NODE_NAME_EXTRA, deny_binding};
-use super::{ManifestOptions, NODE, cluster_binding, meta, rule};
+use super::{ManifestOptions, NODE};
 
 /// The class of whole cards and shares of them (a claim that names no capacity gets a whole
 /// card; `capacity.requests` of `cores` and `memory` make it a share).

@@ -12,7 +12,8 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
 
-use super::{EXTENDER, ManifestOptions, NODE, meta};
+use super::build::meta;
+use super::{EXTENDER, ManifestOptions, NODE};
 
 /// Requests of `operations` on core/v1 `resources` (a pod's or Node's status subresource may
 /// change its annotations too, so policies name it).

@@ -1,4 +1,7 @@
 use super::*;
+use std::collections::BTreeMap;
+
+use tessera_core::enforcement::DEFAULT_MPS_ROOT;
 
 fn deploy_file(name: &str) -> String {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
