@@ -162,6 +162,14 @@ async fn check_reports_a_ready_node_and_a_stopped_runtime() -> anyhow::Result<()
         driver_root: driver,
         dev_root: dev,
     } = FakeNodePaths::under(work.path());
+    // The nodes' key as the chart ships it: the extender's Ed25519 public key (an HMAC secret,
+    // which the launched plugin above verifies with, is the older kind and warns).
+    let keys = work.path().join("public-keys");
+    std::fs::create_dir_all(&keys)?;
+    std::fs::write(
+        keys.join("k1"),
+        "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA08aWN5LIdbKCx0D+TD4GJ9t0rC0XafHceh6LUkdbq3M=\n-----END PUBLIC KEY-----\n",
+    )?;
     let check = |c: &Containerd| {
         std::process::Command::new(BIN)
             .arg("check")
@@ -174,7 +182,7 @@ async fn check_reports_a_ready_node_and_a_stopped_runtime() -> anyhow::Result<()
             .arg("--cdi-dir")
             .arg(c.cdi_dir())
             .arg("--keys-dir")
-            .arg(work.path().join("keys"))
+            .arg(&keys)
             .arg("--driver-root")
             .arg(&driver)
             .arg("--dev-root")
