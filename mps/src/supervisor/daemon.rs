@@ -1,0 +1,251 @@
+//! One started daemon: brought to its ceiling, health-checked, stopped.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tessera_core::enforcement::{DaemonPhase, MpsCeiling, MpsState, unix_secs};
+use tokio::process::Child;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::ceiling::{Lowering, sync_ceiling};
+use super::output::{LastWords, with_last_words};
+use super::{Ended, SupervisorConfig, write};
+use crate::tamper::Tally;
+
+/// The command the health check sends.
+const HEALTH_QUERY: &str = "get_default_active_thread_percentage";
+
+/// Runs one started daemon until it fails or the supervisor stops.
+pub(super) async fn run(
+    config: &SupervisorConfig,
+    uuid: &str,
+    (mut child, tally): (Child, Arc<Tally>),
+    state: &mut MpsState,
+    stop: &mut watch::Receiver<bool>,
+    last: &LastWords,
+) -> Ended {
+    if let Some(ended) = start(config, uuid, (&mut child, &tally), state, stop, last).await {
+        return ended;
+    }
+    let ready_since = Instant::now();
+    state.phase = DaemonPhase::Ready;
+    state.checked_at = unix_secs(SystemTime::now());
+    write(config, uuid, state);
+    info!(uuid, pid = state.pid, ceiling = ?state.ceiling, "MPS daemon ready");
+    let mut missed = 0;
+    let mut stops_reported = None;
+    let mut lowering = Lowering::default();
+    // Intervals, not sleeps in the select: a sleep made anew each turn would never end while
+    // the other branch keeps firing.
+    let mut ceiling_tick = tokio::time::interval(CEILING_EVERY);
+    let mut check_tick = tokio::time::interval_at(tokio::time::Instant::now() + config.check_every, config.check_every);
+    for t in [&mut ceiling_tick, &mut check_tick] {
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    }
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return stop_daemon(config, uuid, &mut child, state).await,
+            status = child.wait() => return Ended::Failed {
+                reason: format!("exited ({})", describe(status)),
+                ready_for: ready_since.elapsed(),
+            },
+            _ = ceiling_tick.tick() => {
+                if lowering.due(config, uuid, state) {
+                    sync_ceiling(config, uuid, state, &tally).await;
+                }
+                report_stops(uuid, &tally, &mut stops_reported);
+            }
+            () = tally.changed() => {
+                // However many commands came since the last look: one re-apply, one line.
+                let changes = tally.take_changes();
+                if changes.count > 0 {
+                    warn!(
+                        uuid,
+                        commands = changes.count,
+                        last = changes.last.as_str(),
+                        "the MPS daemon's limits may have been changed by a client: setting them again"
+                    );
+                    // Not held (a client's change raced this one): the ceiling tick tries
+                    // again, and the health check restarts a daemon that keeps refusing it.
+                    state.ceiling = None;
+                    sync_ceiling(config, uuid, state, &tally).await;
+                }
+            }
+            _ = check_tick.tick() => {
+                if let Some(reason) = check(config, uuid, state, &tally, &mut missed).await {
+                    let _ = child.kill().await;
+                    return Ended::Failed { reason, ready_for: ready_since.elapsed() };
+                }
+            }
+        }
+    }
+}
+
+/// Waits for a started daemon to answer, sets its ceiling and links its socket for clients;
+/// how it ended when it did not get that far.
+async fn start(
+    config: &SupervisorConfig,
+    uuid: &str,
+    (child, tally): (&mut Child, &Tally),
+    state: &mut MpsState,
+    stop: &mut watch::Receiver<bool>,
+    last: &LastWords,
+) -> Option<Ended> {
+    let deadline = Instant::now() + config.start_timeout;
+    let mut last_err = String::from("no answer yet");
+    loop {
+        if Instant::now() > deadline {
+            let _ = child.kill().await;
+            return Some(Ended::Failed {
+                reason: format!("did not answer within {}s: {last_err}", config.start_timeout.as_secs()),
+                ready_for: Duration::ZERO,
+            });
+        }
+        tokio::select! {
+            _ = stop.changed() => return Some(stop_daemon(config, uuid, child, state).await),
+            status = child.wait() => {
+                let reason = format!("exited while starting ({})", describe(status));
+                // Its output may still be on the way.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return Some(Ended::Failed {
+                    reason: with_last_words(reason, last),
+                    ready_for: Duration::ZERO,
+                });
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                match config.binaries.command(&config.layout, uuid, HEALTH_QUERY, config.command_timeout).await {
+                    Ok(_) => break,
+                    Err(e) => last_err = e.to_string(),
+                }
+            }
+        }
+    }
+    // The ceiling first: a client of a card's shares never meets a daemon without one, and a
+    // daemon that does not take it is not used.
+    state.ceiling = None;
+    sync_ceiling(config, uuid, state, tally).await;
+    if state.ceiling.is_none() {
+        let _ = child.kill().await;
+        return Some(Ended::Failed {
+            reason: "the daemon did not take the card's MPS ceiling (see the log)".into(),
+            ready_for: Duration::ZERO,
+        });
+    }
+    // Only now do share containers see the daemon's socket.
+    if let Err(e) = crate::card_dirs::publish(&config.layout, uuid) {
+        let _ = child.kill().await;
+        return Some(Ended::Failed {
+            reason: format!("cannot link the daemon's control socket for its clients: {e}"),
+            ready_for: Duration::ZERO,
+        });
+    }
+    None
+}
+
+/// How often each card's wanted ceiling is looked at (a share waits for it at creation).
+const CEILING_EVERY: Duration = Duration::from_millis(100);
+
+/// How often stops made through the control socket are reported at most (counted between).
+const STOPS_REPORTED_EVERY: Duration = Duration::from_secs(1);
+
+/// Reports the stops heard since the last report, unless that was under
+/// [`STOPS_REPORTED_EVERY`] ago.
+fn report_stops(uuid: &str, tally: &Tally, reported: &mut Option<Instant>) {
+    if reported.is_some_and(|at| at.elapsed() < STOPS_REPORTED_EVERY) {
+        return;
+    }
+    let stops = tally.take_stops();
+    if stops.count > 0 {
+        warn!(
+            uuid,
+            commands = stops.count,
+            last = stops.last.as_str(),
+            "a client of the card stopped MPS work through the control socket (MPS cannot refuse it)"
+        );
+        *reported = Some(Instant::now());
+    }
+}
+
+/// One health check: the daemon answers, and holds the ceiling on its defaults and on every
+/// running server (the backstop to the log reader: a client may have changed them through the
+/// control socket). Why the daemon must be restarted, when it must.
+async fn check(
+    config: &SupervisorConfig,
+    uuid: &str,
+    state: &mut MpsState,
+    tally: &Tally,
+    missed: &mut u32,
+) -> Option<String> {
+    let (layout, timeout) = (&config.layout, config.command_timeout);
+    let read = async {
+        let defaults = config.binaries.defaults(layout, uuid, timeout).await?;
+        let servers = config.binaries.server_limits(layout, uuid, timeout).await?;
+        Ok::<_, crate::control::ControlError>((defaults, servers))
+    };
+    let ((pct, mem), servers) = match read.await {
+        Ok(held) => held,
+        Err(e) => {
+            *missed += 1;
+            warn!(uuid, missed = *missed, error = %e, "MPS daemon check failed");
+            return (*missed >= config.max_missed).then(|| format!("stopped answering: {e}"));
+        }
+    };
+    *missed = 0;
+    state.checked_at = unix_secs(SystemTime::now());
+    // Memory is compared at the resolution the daemon prints; the log reader sees the rest.
+    let off = if holds(&state.ceiling, &pct.to_string(), &mem) {
+        servers
+            .into_iter()
+            .find(|(_, p, m)| !holds(&state.ceiling, p, m))
+            .map(|(pid, p, m)| format!("server {pid}: {p:?} and {m:?}"))
+    } else {
+        Some(format!("defaults: {pct}% and {mem:?}"))
+    };
+    if let Some(held) = off {
+        warn!(uuid, held, ceiling = ?state.ceiling, "the MPS daemon's limits were changed by a client: setting them again");
+        state.ceiling = None;
+        sync_ceiling(config, uuid, state, tally).await;
+        if state.ceiling.is_none() {
+            return Some("the daemon's limits were changed and could not be set again".into());
+        }
+    }
+    write(config, uuid, state);
+    None
+}
+
+/// Whether the daemon's answers are the ceiling set (true when none is: nothing to compare).
+fn holds(set: &Option<MpsCeiling>, pct: &str, mem: &str) -> bool {
+    set.as_ref().is_none_or(|c| crate::control::holds(c, pct, mem))
+}
+
+async fn stop_daemon(config: &SupervisorConfig, uuid: &str, child: &mut Child, state: &mut MpsState) -> Ended {
+    let _ = crate::card_dirs::withdraw(&config.layout, uuid);
+    // The real client exits 1 after a `quit` that follows a server failure although the daemon
+    // quits: what counts is whether the daemon exits.
+    let quit = config
+        .binaries
+        .command(&config.layout, uuid, "quit", config.command_timeout)
+        .await;
+    match tokio::time::timeout(config.stop_timeout, child.wait()).await {
+        Ok(status) => info!(uuid, status = describe(status), "MPS daemon stopped"),
+        Err(_) => {
+            warn!(uuid, quit = ?quit.err(), "MPS daemon did not quit in time: killing it");
+            let _ = child.kill().await;
+        }
+    }
+    state.phase = DaemonPhase::Stopped;
+    state.ceiling = None;
+    state.pid = None;
+    state.reason = None;
+    state.checked_at = unix_secs(SystemTime::now());
+    write(config, uuid, state);
+    Ended::Stop
+}
+
+fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
+    match status {
+        Ok(s) => s.to_string(),
+        Err(e) => format!("wait failed: {e}"),
+    }
+}
