@@ -1,0 +1,243 @@
+//! The extender's view of the cluster: a core [`Ledger`] that watches write and verbs read.
+//!
+//! Node, Pod and ElasticGPU events feed the ledger and the claims' holds (`feed`); the
+//! scheduler's questions (what a pod asks, filter, reserve, preempt) are answered from it
+//! (`verbs`). Kubernetes objects are translated here; every decision is the engine's.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tessera_api::pod::PodClaimError;
+use tessera_core::handoff::{KeyDirStamp, SigningKeys};
+use tessera_core::ledger::{Ledger, LedgerError};
+use tessera_core::placement::{EngineConfig, PodDemand, WorkloadLearner};
+use tessera_core::request::{PodRequest, RequestError, RequestOptions};
+use tracing::{info, warn};
+
+use super::tenants::Tenants;
+use tessera_claims::holds::{ClaimHolds, LedgerChange};
+
+mod feed;
+mod verbs;
+
+pub use verbs::scale_scores;
+
+/// How many observed pods between refreshes of the target workload.
+const WORKLOAD_REFRESH: u64 = 64;
+
+/// What a pod asks of the extender.
+#[derive(Debug, Clone)]
+pub struct PodAsk {
+    /// The engine's view of the request.
+    pub demand: PodDemand,
+    /// `tessera.io/core-limit`.
+    pub core_limit: Option<u32>,
+    /// The request as parsed (to plan around containers whose claims hold GPUs).
+    pub request: PodRequest,
+    /// The claims its containers name, as `namespace/name` per container.
+    pub claims: Vec<(String, String)>,
+    /// `namespace/name`.
+    pub pod: String,
+    /// Its UID, when it has one.
+    pub uid: Option<String>,
+}
+
+/// Why cards could not be reserved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReserveError {
+    /// The ledger refused.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The pod's claims do not allow it here.
+    #[error("{0}")]
+    Claims(String),
+}
+
+/// A pod the extender cannot place as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AskError {
+    /// Its resources or Tessera annotations are invalid.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// Its claim annotations are invalid.
+    #[error(transparent)]
+    Claims(#[from] PodClaimError),
+}
+
+/// The filter verdict for one pod, naming nodes as the candidates did.
+#[derive(Debug, Default)]
+pub struct FilterOutcome<'a> {
+    /// Nodes that fit, with the engine's score.
+    pub fits: Vec<(&'a str, f64)>,
+    /// Nodes that do not fit now, with why.
+    pub failed: Vec<(&'a str, Arc<str>)>,
+    /// Nodes that cannot take the pod whatever is evicted, with why.
+    pub unresolvable: Vec<(&'a str, Arc<str>)>,
+}
+
+struct Learning {
+    learner: WorkloadLearner,
+    seen: u64,
+    /// The engine's target is behind the learner.
+    stale: bool,
+}
+
+/// The cluster as the extender knows it.
+pub struct Cluster {
+    ledger: Mutex<Ledger>,
+    learning: Mutex<Learning>,
+    keys: std::sync::RwLock<Arc<SigningKeys>>,
+    /// Where the keys are read again from when it changes (see [`Cluster::reloading_keys_from`]).
+    keys_dir: Option<(std::path::PathBuf, Mutex<KeyDirStamp>)>,
+    opts: RequestOptions,
+    /// Nodes that offer pods none of their GPUs (a driver not ready, GPUs given to DRA), with
+    /// why.
+    not_ready: Mutex<BTreeMap<String, String>>,
+    nodes_synced: AtomicBool,
+    pods_synced: AtomicBool,
+    /// Claims' GPUs and users (lock order: ledger, then claims).
+    claims: Mutex<ClaimHolds>,
+    elastic_gpus_synced: AtomicBool,
+    /// Each namespace's tenant.
+    tenants: Arc<Tenants>,
+}
+
+impl Cluster {
+    /// An empty view; not ready until both the node and the pod lists have been read.
+    pub fn new(config: EngineConfig, keys: SigningKeys, opts: RequestOptions) -> Self {
+        let tenants = Arc::new(Tenants::default());
+        Self {
+            ledger: Mutex::new(Ledger::new(config, &Default::default())),
+            learning: Mutex::new(Learning {
+                learner: WorkloadLearner::new(2000.0),
+                seen: 0,
+                stale: false,
+            }),
+            keys: std::sync::RwLock::new(Arc::new(keys)),
+            keys_dir: None,
+            opts,
+            not_ready: Mutex::new(BTreeMap::new()),
+            nodes_synced: AtomicBool::new(false),
+            pods_synced: AtomicBool::new(false),
+            claims: Mutex::new(ClaimHolds::with_tenants(
+                tenants.clone() as Arc<dyn tessera_claims::holds::TenantOf>
+            )),
+            elastic_gpus_synced: AtomicBool::new(true),
+            tenants,
+        }
+    }
+
+    /// Each namespace's tenant (fed by [`super::tenants::watch`]).
+    pub fn tenants(&self) -> &Arc<Tenants> {
+        &self.tenants
+    }
+
+    /// The cluster has ElasticGPUs: not synced until they have been read too.
+    pub fn track_elastic_gpus(&self) {
+        self.elastic_gpus_synced.store(false, Ordering::Release);
+    }
+
+    fn claims(&self) -> std::sync::MutexGuard<'_, ClaimHolds> {
+        self.claims.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies what the claims' bookkeeping asks of the ledger.
+    fn apply(l: &mut Ledger, change: LedgerChange) {
+        for k in change.unbook {
+            l.unbook(&k);
+        }
+        for (k, b) in change.book {
+            if let Err(e) = l.book(&k, b) {
+                warn!(booking = k, error = %e, "cannot book a retained ElasticGPU");
+            }
+        }
+    }
+
+    /// Who uses the claim `namespace/name` now (`namespace/name` of the pod, and its UID).
+    pub fn claim_user(&self, key: &str) -> Option<(String, String)> {
+        self.claims().user(key).map(|u| (u.pod.clone(), u.uid.clone()))
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads the signing keys again from `dir` (a mounted Secret) whenever it changes: a key
+    /// made active signs from the next bind, a key removed stops verifying, without a restart.
+    pub fn reloading_keys_from(mut self, dir: std::path::PathBuf) -> Self {
+        let stamp = KeyDirStamp::of(&dir);
+        self.keys_dir = Some((dir, Mutex::new(stamp)));
+        self
+    }
+
+    /// The signing keys, read again first when their directory changed (a key set that does
+    /// not load keeps the one loaded, with a warning).
+    pub fn keys(&self) -> Arc<SigningKeys> {
+        if let Some((dir, seen)) = &self.keys_dir {
+            let now = KeyDirStamp::of(dir);
+            let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+            if *seen != now {
+                match super::keys::signing_keys(dir) {
+                    Ok(fresh) => {
+                        info!(dir = %dir.display(), active = fresh.active_key_id(), "the hand-off keys changed: reloaded");
+                        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);
+                        *seen = now;
+                    }
+                    Err(e) => {
+                        warn!(dir = %dir.display(), error = %e, "cannot reload the hand-off keys; keeping the loaded ones")
+                    }
+                }
+            }
+        }
+        self.keys.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// How requests are read (the memory unit).
+    pub fn request_options(&self) -> RequestOptions {
+        self.opts
+    }
+
+    /// True once every node and every pod has been read (allocations rebuilt).
+    pub fn synced(&self) -> bool {
+        self.nodes_synced.load(Ordering::Acquire)
+            && self.pods_synced.load(Ordering::Acquire)
+            && self.elastic_gpus_synced.load(Ordering::Acquire)
+            && self.tenants.synced()
+    }
+
+    /// Known nodes and bookings, for metrics.
+    pub fn counts(&self) -> (usize, usize) {
+        let l = self.ledger();
+        (l.node_count(), l.booking_count())
+    }
+
+    /// Records a pod in the workload and refreshes the engine's target now and then (each
+    /// refresh forgets the memoised node verdicts). Lock order: ledger, then learning.
+    fn learn(&self, ledger: &mut Ledger, demand: &PodDemand) {
+        let mut learning = self.learning.lock().unwrap_or_else(|p| p.into_inner());
+        learning.learner.observe(demand);
+        learning.seen += 1;
+        if learning.seen == 1 || learning.seen.is_multiple_of(WORKLOAD_REFRESH) || !self.synced() {
+            learning.stale = true;
+        }
+        if learning.stale && self.synced() {
+            learning.stale = false;
+            ledger.set_workload(&learning.learner.target(0.95, 10));
+        }
+    }
+}
+
+impl tessera_claims::SchedulerView for Cluster {
+    fn synced(&self) -> bool {
+        Cluster::synced(self)
+    }
+
+    fn keys(&self) -> Arc<SigningKeys> {
+        Cluster::keys(self)
+    }
+
+    fn claim_user(&self, key: &str) -> Option<(String, String)> {
+        Cluster::claim_user(self, key)
+    }
+}
