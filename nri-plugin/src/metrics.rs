@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -72,15 +73,28 @@ fn allocated(d: &AllocatedDevice) -> (f64, u64) {
     }
 }
 
-impl NodeMetrics {
-    /// The exposition text for the containers `plugin` tracks now.
-    pub fn scrape(&self, plugin: &TesseraPlugin) -> String {
-        self.render(&plugin.tracked())
-    }
+/// The series one scrape fills, registered in the order they are exposed.
+struct Series {
+    up: Gauge<i64>,
+    info: Family<CardInfo, Gauge>,
+    mem_total: Family<Card, F64Gauge>,
+    mem_used: Family<Card, F64Gauge>,
+    sm: Family<Card, F64Gauge>,
+    alloc_core: Family<Card, F64Gauge>,
+    alloc_mem: Family<Card, F64Gauge>,
+    unattributed: Family<Card, F64Gauge>,
+    healthy: Family<Card, F64Gauge>,
+    xids: Family<Card, Counter>,
+    mps_ready: Family<Card, F64Gauge>,
+    c_alloc_core: Family<OnCard, F64Gauge>,
+    c_alloc_mem: Family<OnCard, F64Gauge>,
+    c_mem: Family<OnCard, F64Gauge>,
+    c_sm: Family<OnCard, F64Gauge>,
+}
 
-    /// The exposition text for `containers` (container id -> what it was given).
-    pub fn render(&self, containers: &HashMap<String, Tracked>) -> String {
-        let mut reg = Registry::with_prefix("tessera");
+impl Series {
+    /// Registers every series in `reg`.
+    fn register(reg: &mut Registry) -> Self {
         let family = |reg: &mut Registry, name: &str, help: &str| {
             let f = Family::<Card, F64Gauge>::default();
             reg.register(name, help, f.clone());
@@ -90,33 +104,33 @@ impl NodeMetrics {
         reg.register("telemetry_up", "1 when the GPUs could be read this scrape", up.clone());
         let info = Family::<CardInfo, Gauge>::default();
         reg.register("gpu_info", "The card's model (value 1)", info.clone());
-        let mem_total = family(&mut reg, "gpu_memory_total_bytes", "Card memory");
-        let mem_used = family(&mut reg, "gpu_memory_used_bytes", "Card memory in use");
-        let sm = family(&mut reg, "gpu_sm_utilization_ratio", "Card SM utilization, 0..1");
+        let mem_total = family(reg, "gpu_memory_total_bytes", "Card memory");
+        let mem_used = family(reg, "gpu_memory_used_bytes", "Card memory in use");
+        let sm = family(reg, "gpu_sm_utilization_ratio", "Card SM utilization, 0..1");
         let alloc_core = family(
-            &mut reg,
+            reg,
             "gpu_allocated_core_ratio",
             "Compute Tessera allocated on the card, in cards (1 = whole)",
         );
         let alloc_mem = family(
-            &mut reg,
+            reg,
             "gpu_allocated_memory_bytes",
             "Memory Tessera allocated on the card",
         );
         let unattributed = family(
-            &mut reg,
+            reg,
             "gpu_unattributed_memory_bytes",
             "Card memory held by processes of no Tessera container",
         );
-        let healthy = family(&mut reg, "gpu_healthy", "1 while the card answers NVML");
-        let xids = Family::<Card, prometheus_client::metrics::counter::Counter>::default();
+        let healthy = family(reg, "gpu_healthy", "1 while the card answers NVML");
+        let xids = Family::<Card, Counter>::default();
         reg.register(
             "gpu_xid_errors",
             "Critical XID errors seen since the plugin started",
             xids.clone(),
         );
         let mps_ready = family(
-            &mut reg,
+            reg,
             "gpu_mps_daemon_ready",
             "1 while the card's MPS control daemon is ready (mps enforcement only)",
         );
@@ -126,25 +140,71 @@ impl NodeMetrics {
             f
         };
         let c_alloc_core = c_family(
-            &mut reg,
+            reg,
             "container_gpu_allocated_core_ratio",
             "Compute allocated to the container on the card",
         );
         let c_alloc_mem = c_family(
-            &mut reg,
+            reg,
             "container_gpu_allocated_memory_bytes",
             "Memory allocated to the container on the card",
         );
         let c_mem = c_family(
-            &mut reg,
+            reg,
             "container_gpu_memory_used_bytes",
             "Card memory the container's processes hold",
         );
         let c_sm = c_family(
-            &mut reg,
+            reg,
             "container_gpu_sm_utilization_ratio",
             "The container's share of the card's SMs, 0..1",
         );
+        Self {
+            up,
+            info,
+            mem_total,
+            mem_used,
+            sm,
+            alloc_core,
+            alloc_mem,
+            unattributed,
+            healthy,
+            xids,
+            mps_ready,
+            c_alloc_core,
+            c_alloc_mem,
+            c_mem,
+            c_sm,
+        }
+    }
+}
+
+impl NodeMetrics {
+    /// The exposition text for the containers `plugin` tracks now.
+    pub fn scrape(&self, plugin: &TesseraPlugin) -> String {
+        self.render(&plugin.tracked())
+    }
+
+    /// The exposition text for `containers` (container id -> what it was given).
+    pub fn render(&self, containers: &HashMap<String, Tracked>) -> String {
+        let mut reg = Registry::with_prefix("tessera");
+        let Series {
+            up,
+            info,
+            mem_total,
+            mem_used,
+            sm,
+            alloc_core,
+            alloc_mem,
+            unattributed,
+            healthy,
+            xids,
+            mps_ready,
+            c_alloc_core,
+            c_alloc_mem,
+            c_mem,
+            c_sm,
+        } = Series::register(&mut reg);
 
         let samples: Option<Vec<GpuSample>> = self.telemetry.as_ref().and_then(|t| match t.sample() {
             Ok(s) => Some(s),
