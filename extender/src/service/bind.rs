@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
 use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
+use tessera_core::handoff::Allocation;
 use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE, SCHEDULER_NAME};
 use thiserror::Error;
 use tracing::{info, warn};
@@ -92,30 +93,8 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
         return Err(BindError::NotSynced);
     }
     let api: Api<Pod> = Api::namespaced(svc.client.clone(), &args.pod_namespace);
-    let pod = match svc
-        .pods
-        .get(&ObjectRef::new(&args.pod_name).within(&args.pod_namespace))
-    {
-        Some(p) if p.metadata.uid.as_deref() == Some(args.pod_uid.as_str()) => (*p).clone(),
-        // Not in the store yet (or an older object under the same name): ask the API.
-        _ => api
-            .get_opt(&args.pod_name)
-            .await
-            .map_err(api_err("reading the pod"))?
-            .ok_or_else(|| BindError::PodNotFound {
-                namespace: args.pod_namespace.clone(),
-                name: args.pod_name.clone(),
-            })?,
-    };
+    let pod = current_pod(svc, &api, args).await?;
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    if uid != args.pod_uid {
-        return Err(BindError::UidMismatch {
-            namespace: args.pod_namespace.clone(),
-            name: args.pod_name.clone(),
-            wanted: args.pod_uid.clone(),
-            found: uid,
-        });
-    }
     match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
         Some(n) if n == args.node => return Ok(()),
         Some(n) => return Err(BindError::BoundElsewhere(n.to_string())),
@@ -163,46 +142,7 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
         .cluster
         .reserve(&uid, &args.node, &ask)
         .map_err(|e| failed(e.into()))?;
-    let result = async {
-        if let Some(a) = &allocation {
-            let signed = svc.cluster.keys().sign(a);
-            let patch = serde_json::json!({
-                "metadata": {
-                    "uid": uid,
-                    "annotations": {
-                        ANNOTATION_ALLOCATION: signed.allocation,
-                        ANNOTATION_ALLOCATION_SIGNATURE: signed.signature,
-                    }
-                }
-            });
-            api.patch(&args.pod_name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(api_err("recording the allocation on the pod"))?;
-        }
-        // Leadership may have moved while we patched; the new leader must not race us.
-        if !svc.is_leader() {
-            return Err(BindError::NotLeader);
-        }
-        let binding = Binding {
-            metadata: ObjectMeta {
-                name: Some(args.pod_name.clone()),
-                namespace: Some(args.pod_namespace.clone()),
-                uid: Some(uid.clone()),
-                ..Default::default()
-            },
-            target: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(args.node.clone()),
-                ..Default::default()
-            },
-        };
-        api.create_subresource::<_, serde_json::Value>("binding", &args.pod_name, &PostParams::default(), &binding)
-            .await
-            .map_err(api_err("creating the binding"))?;
-        Ok(())
-    }
-    .await;
+    let result = record_and_bind(svc, &api, args, &uid, allocation.as_ref()).await;
     match result {
         Ok(()) => {
             svc.cluster.confirm(&uid);
@@ -234,4 +174,82 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
             })
         }
     }
+}
+
+/// The pod to bind: from the store, or from the API when the store has not seen this one yet;
+/// refused when its UID is not the one the scheduler placed.
+async fn current_pod(svc: &Service, api: &Api<Pod>, args: &ExtenderBindingArgs) -> Result<Pod, BindError> {
+    let pod = match svc
+        .pods
+        .get(&ObjectRef::new(&args.pod_name).within(&args.pod_namespace))
+    {
+        Some(p) if p.metadata.uid.as_deref() == Some(args.pod_uid.as_str()) => (*p).clone(),
+        // Not in the store yet (or an older object under the same name): ask the API.
+        _ => api
+            .get_opt(&args.pod_name)
+            .await
+            .map_err(api_err("reading the pod"))?
+            .ok_or_else(|| BindError::PodNotFound {
+                namespace: args.pod_namespace.clone(),
+                name: args.pod_name.clone(),
+            })?,
+    };
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    if uid != args.pod_uid {
+        return Err(BindError::UidMismatch {
+            namespace: args.pod_namespace.clone(),
+            name: args.pod_name.clone(),
+            wanted: args.pod_uid.clone(),
+            found: uid,
+        });
+    }
+    Ok(pod)
+}
+
+/// Records the signed allocation on the pod (when it has one) and creates its binding, while
+/// this replica still leads.
+async fn record_and_bind(
+    svc: &Service,
+    api: &Api<Pod>,
+    args: &ExtenderBindingArgs,
+    uid: &str,
+    allocation: Option<&Allocation>,
+) -> Result<(), BindError> {
+    if let Some(a) = allocation {
+        let signed = svc.cluster.keys().sign(a);
+        let patch = serde_json::json!({
+            "metadata": {
+                "uid": uid,
+                "annotations": {
+                    ANNOTATION_ALLOCATION: signed.allocation,
+                    ANNOTATION_ALLOCATION_SIGNATURE: signed.signature,
+                }
+            }
+        });
+        api.patch(&args.pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(api_err("recording the allocation on the pod"))?;
+    }
+    // Leadership may have moved while we patched; the new leader must not race us.
+    if !svc.is_leader() {
+        return Err(BindError::NotLeader);
+    }
+    let binding = Binding {
+        metadata: ObjectMeta {
+            name: Some(args.pod_name.clone()),
+            namespace: Some(args.pod_namespace.clone()),
+            uid: Some(uid.to_string()),
+            ..Default::default()
+        },
+        target: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(args.node.clone()),
+            ..Default::default()
+        },
+    };
+    api.create_subresource::<_, serde_json::Value>("binding", &args.pod_name, &PostParams::default(), &binding)
+        .await
+        .map_err(api_err("creating the binding"))?;
+    Ok(())
 }

@@ -216,30 +216,7 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
         };
         tasks.push(tokio::spawn(reconciler.run(triggered, trigger, leading_rx.clone())));
         if let Some(w) = &cfg.webhook {
-            let acceptor = match &w.tls {
-                WebhookTls::Files(cert, key) => {
-                    let read =
-                        |p: &PathBuf| std::fs::read(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()));
-                    tokio_watch::channel(tls::acceptor_from_pem(&read(cert)?, &read(key)?, None)?).1
-                }
-                WebhookTls::SelfManaged(sm) => {
-                    // The Secret is the source of truth: every replica follows it, serves what
-                    // it holds now and keeps that CA in the configuration.
-                    use tessera_claims::admission::certs;
-                    let c = certs::ensure_secret(&client, sm).await?;
-                    let first = tls::acceptor_from_pem(&c.cert, &c.key, None)?;
-                    let (cert_tx, cert_rx) = tokio_watch::channel(c);
-                    tasks.push(tokio::spawn(certs::follow_secret(client.clone(), sm.clone(), cert_tx)));
-                    tasks.push(tokio::spawn(certs::keep_ca_bundle(
-                        client.clone(),
-                        sm.webhook_configuration.clone(),
-                        cert_rx.clone(),
-                    )));
-                    let (acceptor_rx, task) = acceptors_of(first, cert_rx, false);
-                    tasks.push(task);
-                    acceptor_rx
-                }
-            };
+            let acceptor = webhook_acceptor(&client, &w.tls, &mut tasks).await?;
             let webhook = Arc::new(tessera_claims::admission::Webhook {
                 client: client.clone(),
                 stores,
@@ -272,27 +249,7 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
         metrics: Metrics::default(),
         events: events::Recorder::default(),
     });
-    let acceptor = match &cfg.tls {
-        None => None,
-        Some(VerbTls::Files { cert, key, client_ca }) => Some((
-            tokio_watch::channel(tls::acceptor(cert, key, client_ca.as_deref())?).1,
-            client_ca.is_some(),
-        )),
-        Some(VerbTls::SelfManaged(v)) => {
-            // Followed like the webhook's: a new pair is served from the next handshake on.
-            let c = verb_certs::ensure(&service.client, v).await?;
-            let first = tls::acceptor_from_pem(&c.cert, &c.key, Some(&c.ca))?;
-            let (cert_tx, cert_rx) = tokio_watch::channel(c);
-            tasks.push(tokio::spawn(verb_certs::follow(
-                service.client.clone(),
-                v.clone(),
-                cert_tx,
-            )));
-            let (acceptor_rx, task) = acceptors_of(first, cert_rx, true);
-            tasks.push(task);
-            Some((acceptor_rx, true))
-        }
-    };
+    let acceptor = verb_acceptor(&service.client, cfg.tls.as_ref(), &mut tasks).await?;
     let verified_only = acceptor.as_ref().is_some_and(|(_, v)| *v);
     let app = http::router(service.clone(), &cfg.prefix, cfg.body_limit, verified_only);
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
@@ -325,6 +282,63 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
         tasks,
         stop: Some(stop_tx),
         election,
+    })
+}
+
+/// The webhook's TLS acceptors: from files, or from the Secret every replica follows (its
+/// followers pushed to `tasks`).
+async fn webhook_acceptor(
+    client: &Client,
+    tls_cfg: &WebhookTls,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<tokio_watch::Receiver<tokio_rustls::TlsAcceptor>> {
+    Ok(match tls_cfg {
+        WebhookTls::Files(cert, key) => {
+            let read = |p: &PathBuf| std::fs::read(p).map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()));
+            tokio_watch::channel(tls::acceptor_from_pem(&read(cert)?, &read(key)?, None)?).1
+        }
+        WebhookTls::SelfManaged(sm) => {
+            // The Secret is the source of truth: every replica follows it, serves what
+            // it holds now and keeps that CA in the configuration.
+            use tessera_claims::admission::certs;
+            let c = certs::ensure_secret(client, sm).await?;
+            let first = tls::acceptor_from_pem(&c.cert, &c.key, None)?;
+            let (cert_tx, cert_rx) = tokio_watch::channel(c);
+            tasks.push(tokio::spawn(certs::follow_secret(client.clone(), sm.clone(), cert_tx)));
+            tasks.push(tokio::spawn(certs::keep_ca_bundle(
+                client.clone(),
+                sm.webhook_configuration.clone(),
+                cert_rx.clone(),
+            )));
+            let (acceptor_rx, task) = acceptors_of(first, cert_rx, false);
+            tasks.push(task);
+            acceptor_rx
+        }
+    })
+}
+
+/// The verbs' TLS acceptors and whether clients are verified; none for plain HTTP.
+async fn verb_acceptor(
+    client: &Client,
+    tls_cfg: Option<&VerbTls>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<Option<(tokio_watch::Receiver<tokio_rustls::TlsAcceptor>, bool)>> {
+    Ok(match tls_cfg {
+        None => None,
+        Some(VerbTls::Files { cert, key, client_ca }) => Some((
+            tokio_watch::channel(tls::acceptor(cert, key, client_ca.as_deref())?).1,
+            client_ca.is_some(),
+        )),
+        Some(VerbTls::SelfManaged(v)) => {
+            // Followed like the webhook's: a new pair is served from the next handshake on.
+            let c = verb_certs::ensure(client, v).await?;
+            let first = tls::acceptor_from_pem(&c.cert, &c.key, Some(&c.ca))?;
+            let (cert_tx, cert_rx) = tokio_watch::channel(c);
+            tasks.push(tokio::spawn(verb_certs::follow(client.clone(), v.clone(), cert_tx)));
+            let (acceptor_rx, task) = acceptors_of(first, cert_rx, true);
+            tasks.push(task);
+            Some((acceptor_rx, true))
+        }
     })
 }
 
