@@ -9,7 +9,7 @@ use clap::Parser;
 /// of deploy/examples run on fixture cards; prints what each container got. Needs root; run
 /// through scripts/try.sh.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(name = "tessera-try", version, about)]
 struct Cli {}
 
 #[tokio::main]
