@@ -47,16 +47,26 @@ fn tenant_image(work: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
 /// What the card's real daemon answers to `cmd` (asked as root, on the host).
 fn ask(layout: &MpsLayout, uuid: &str, cmd: &str) -> String {
     use std::io::Write as _;
-    let mut child = Command::new(Userspace::get().unwrap().mps_control(Branch::R535))
-        .env("CUDA_MPS_PIPE_DIRECTORY", layout.pipe_dir(uuid))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    writeln!(child.stdin.take().unwrap(), "{cmd}").unwrap();
-    String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout)
-        .trim()
-        .to_string()
+    // The daemon serves one control connection at a time and the supervisor's own checks run
+    // beside this one: a client that met a busy daemon answers nothing and is asked again.
+    for _ in 0..40 {
+        let mut child = Command::new(Userspace::get().unwrap().mps_control(Branch::R535))
+            .env("CUDA_MPS_PIPE_DIRECTORY", layout.pipe_dir(uuid))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        writeln!(child.stdin.take().unwrap(), "{cmd}").unwrap();
+        let answer = String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout)
+            .trim()
+            .to_string();
+        if !answer.is_empty() {
+            return answer;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    String::new()
 }
 
 struct Supervisor(Child);
