@@ -362,40 +362,7 @@ impl ContainerRequest {
             }
             GpuDemand::Mig(mig.into_iter().map(|(d, _, _)| d).collect())
         } else {
-            match core {
-                // 100 with no memory amount is what users write for "one GPU": a whole card.
-                Some((100, _)) if memory_mib.is_none() => GpuDemand::Whole {
-                    cards: 1,
-                    min_memory_mib: None,
-                },
-                Some((value, _)) if value <= 100 => GpuDemand::Share(GpuShare {
-                    core_percent: value as u32,
-                    memory_mib,
-                }),
-                Some((value, _)) if value % 100 == 0 => GpuDemand::Whole {
-                    cards: u32::try_from(value / 100)
-                        .ok()
-                        .filter(|c| *c <= MAX_DEVICES_PER_CONTAINER)
-                        .ok_or_else(|| RequestError::CoreOutOfRange {
-                            container: name.to_string(),
-                            value,
-                        })?,
-                    min_memory_mib: memory_mib,
-                },
-                Some((value, _)) => {
-                    return Err(RequestError::CoreOutOfRange {
-                        container: name.to_string(),
-                        value,
-                    });
-                }
-                None => match memory_mib {
-                    Some(m) => GpuDemand::Share(GpuShare {
-                        core_percent: 0,
-                        memory_mib: Some(m),
-                    }),
-                    None => GpuDemand::None,
-                },
-            }
+            card_demand(name, core.map(|(value, _)| value), memory_mib)?
         };
         Ok(ContainerRequest {
             name: name.to_string(),
@@ -410,6 +377,45 @@ impl ContainerRequest {
                 .and_then(|u| u32::try_from(u).ok()),
         })
     }
+}
+
+/// What a container's `tessera.io/gpu-core` (`core`, in percent of a card) and memory amount
+/// ask for without MIG: a share, whole cards, or nothing.
+fn card_demand(name: &str, core: Option<u64>, memory_mib: Option<u64>) -> Result<GpuDemand, RequestError> {
+    Ok(match core {
+        // 100 with no memory amount is what users write for "one GPU": a whole card.
+        Some(100) if memory_mib.is_none() => GpuDemand::Whole {
+            cards: 1,
+            min_memory_mib: None,
+        },
+        Some(value) if value <= 100 => GpuDemand::Share(GpuShare {
+            core_percent: value as u32,
+            memory_mib,
+        }),
+        Some(value) if value % 100 == 0 => GpuDemand::Whole {
+            cards: u32::try_from(value / 100)
+                .ok()
+                .filter(|c| *c <= MAX_DEVICES_PER_CONTAINER)
+                .ok_or_else(|| RequestError::CoreOutOfRange {
+                    container: name.to_string(),
+                    value,
+                })?,
+            min_memory_mib: memory_mib,
+        },
+        Some(value) => {
+            return Err(RequestError::CoreOutOfRange {
+                container: name.to_string(),
+                value,
+            });
+        }
+        None => match memory_mib {
+            Some(m) => GpuDemand::Share(GpuShare {
+                core_percent: 0,
+                memory_mib: Some(m),
+            }),
+            None => GpuDemand::None,
+        },
+    })
 }
 
 /// Whether Tessera has anything to do with `pod`: a container asks for a `tessera.io/`
