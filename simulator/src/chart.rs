@@ -156,9 +156,15 @@ pub fn svg(title: &str, series: &[PolicySeries]) -> String {
         left + (w - left - right) / 2.0,
         h - 14.0
     );
+    legend(&mut s, series, w - right + 14.0);
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The legend at `lx`, right of the panels: each policy's line and marker, then a note.
+fn legend(s: &mut String, series: &[PolicySeries], lx: f64) {
     for (i, ser) in series.iter().enumerate() {
         let ly = 60.0 + 22.0 * i as f64;
-        let lx = w - right + 14.0;
         let _ = writeln!(
             s,
             r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="{:.1}" stroke-dasharray="{}"/>"#,
@@ -167,7 +173,7 @@ pub fn svg(title: &str, series: &[PolicySeries]) -> String {
             width(i, series.len()).min(5.0),
             DASHES[i % DASHES.len()]
         );
-        marker(&mut s, i, lx + 13.0, ly);
+        marker(s, i, lx + 13.0, ly);
         let _ = writeln!(s, r#"<text x="{}" y="{}">{}</text>"#, lx + 32.0, ly + 4.0, ser.policy);
     }
     let note_y = 60.0 + 22.0 * series.len() as f64 + 8.0;
@@ -183,12 +189,10 @@ pub fn svg(title: &str, series: &[PolicySeries]) -> String {
         let _ = writeln!(
             s,
             r##"<text x="{:.1}" y="{:.1}" font-size="11" fill="#555">{line}</text>"##,
-            w - right + 14.0,
+            lx,
             note_y + 14.0 * k as f64
         );
     }
-    s.push_str("</svg>\n");
-    s
 }
 
 /// Where policy `i` of `n` puts its markers (percent arrived, 50..=130): every 10%, each
