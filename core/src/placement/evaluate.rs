@@ -5,9 +5,9 @@ use std::sync::{Arc, OnceLock};
 
 use super::fit::{NodePlan, PodUsage, check_node_resources, plan_node};
 use super::{
-    CARD_MILLI, CardDemand, ClusterState, Engine, EngineConfig, Fragmentation, NodeAfter, NodeShape, PodDemand,
-    PolicyChooser, Rng, ScoreMemo, ShareEnforcement, SimpleChoice, Tenant, fgd_score, fit, mosaic_card_score,
-    node_score,
+    CARD_MILLI, CardDemand, ClusterState, Engine, EngineConfig, Fragmentation, NodeAfter, NodeShape, NodeState,
+    PodDemand, PolicyChooser, Rng, ScoreMemo, ShareEnforcement, SimpleChoice, Tenant, fgd_score, fit,
+    mosaic_card_score, node_score,
 };
 use crate::policy::PolicyKind;
 use crate::topology::{CardSet, Link, worst_link};
@@ -91,6 +91,111 @@ impl Evaluator<'_> {
         f
     }
 
+    /// The card a share goes to on `node` under `gpu_policy` (`before`: the node's
+    /// fragmentation now; `cpu_after`: its free CPU once the pod is placed), with the card's
+    /// fragmentation after when the policy computed it; or why no card fits.
+    fn best_share_card(
+        &mut self,
+        node: &NodeState,
+        (core, memory_mib): (u32, Option<u64>),
+        (gpu_policy, before, cpu_after): (PolicyKind, f64, u64),
+        allowed: &[bool],
+    ) -> Result<(SimpleChoice, Option<f64>), String> {
+        let model_ok = |i: usize| allowed.get(usize::from(node.cards[i].model)).copied().unwrap_or(false);
+        let mut best: Option<(f64, usize, u64, f64)> = None;
+        let mut ties = 0u64;
+        let mut fallback: Option<(u32, u64)> = None;
+        // Cards in the same state score the same (the first is kept on ties), so the
+        // fragmentation policies evaluate each state once.
+        let dedupe = matches!(gpu_policy, PolicyKind::Fgd | PolicyKind::Mosaic);
+        // Each card tried changes one card: its fragmentation after is an O(classes)
+        // update of the node's by-class sums.
+        if dedupe {
+            self.s
+                .frag
+                .sums(&mut self.s.sums, self.s.shape.model, cpu_after, &self.s.shape.frees);
+        }
+        let mut seen: [(u32, u64, u64); 16] = [(0, 0, 0); 16];
+        let mut n_seen = 0;
+        for (i, c) in node.cards.iter().enumerate() {
+            if !c.offers_compute() || !model_ok(i) {
+                continue;
+            }
+            let mem = memory_mib.unwrap_or(c.memory_mib * u64::from(core) / u64::from(CARD_MILLI));
+            if c.core_free() < core || c.memory_free() < mem {
+                if fallback.is_none_or(|f| (c.core_free(), c.memory_free()) > f) {
+                    fallback = Some((c.core_free(), c.memory_free()));
+                }
+                continue;
+            }
+            if dedupe {
+                let state = (c.core_free(), c.memory_free(), mem);
+                if seen[..n_seen].contains(&state) {
+                    continue;
+                }
+                if n_seen < seen.len() {
+                    seen[n_seen] = state;
+                    n_seen += 1;
+                }
+            }
+            let mut after = f64::NAN;
+            let s = match gpu_policy {
+                PolicyKind::Binpack | PolicyKind::Bestfit => {
+                    -(f64::from(c.core_free()) * 1e9 + c.memory_free() as f64) / 1e12
+                }
+                PolicyKind::Spread => (f64::from(c.core_free()) * 1e9 + c.memory_free() as f64) / 1e12,
+                PolicyKind::Random => 0.0,
+                PolicyKind::Fgd | PolicyKind::Mosaic => {
+                    after = self
+                        .s
+                        .frag
+                        .after_change(&self.s.sums, c.core_free(), c.core_free() - core);
+                    if gpu_policy == PolicyKind::Fgd {
+                        fgd_score(before, after)
+                    } else {
+                        mosaic_card_score(&self.s.frag, before, after, c.core_free(), core)
+                    }
+                }
+            };
+            match best {
+                Some((b, ..)) if s < b => {}
+                Some((b, ..)) if s == b => {
+                    // Random picks uniformly among all; the others keep the first.
+                    if gpu_policy == PolicyKind::Random {
+                        ties += 1;
+                        if self.s.rng.below(ties + 1) == 0 {
+                            best = Some((s, i, mem, after));
+                        }
+                    }
+                }
+                _ => {
+                    ties = 0;
+                    best = Some((s, i, mem, after));
+                }
+            }
+        }
+        match best {
+            Some((_, card, memory_mib, after)) => Ok((
+                SimpleChoice::Share { card, memory_mib },
+                Some(after).filter(|a| !a.is_nan()),
+            )),
+            None => {
+                let needs = format!(
+                    "needs {}, {}",
+                    fit::pct(core),
+                    memory_mib.map_or_else(|| "memory in proportion".to_string(), fit::gib)
+                );
+                Err(match fallback {
+                    Some((cf, mf)) => {
+                        format!("best card has {} core, {} free; {needs}", fit::pct(cf), fit::gib(mf))
+                    }
+                    None if node.cards.is_empty() => "node has no GPU".into(),
+                    None => "no usable card of an allowed model".into(),
+                })
+            }
+        }
+    }
+
     /// Scores `pod` on node `n` (higher is better), or says why it does not fit.
     pub(super) fn evaluate(
         &mut self,
@@ -148,99 +253,10 @@ impl Evaluator<'_> {
         let (choice, removed_milli) = match pod.containers.first().map(|c| &c.cards) {
             None => (SimpleChoice::NoCards, 0u64),
             Some(CardDemand::Share { core_milli, memory_mib }) => {
-                let core = *core_milli;
-                let mut best: Option<(f64, usize, u64, f64)> = None;
-                let mut ties = 0u64;
-                let mut fallback: Option<(u32, u64)> = None;
-                // Cards in the same state score the same (the first is kept on ties), so the
-                // fragmentation policies evaluate each state once.
-                let dedupe = matches!(gpu_policy, PolicyKind::Fgd | PolicyKind::Mosaic);
-                // Each card tried changes one card: its fragmentation after is an O(classes)
-                // update of the node's by-class sums.
-                if dedupe {
-                    self.s
-                        .frag
-                        .sums(&mut self.s.sums, self.s.shape.model, cpu_after, &self.s.shape.frees);
-                }
-                let mut seen: [(u32, u64, u64); 16] = [(0, 0, 0); 16];
-                let mut n_seen = 0;
-                for (i, c) in node.cards.iter().enumerate() {
-                    if !c.offers_compute() || !model_ok(i) {
-                        continue;
-                    }
-                    let mem = memory_mib.unwrap_or(c.memory_mib * u64::from(core) / u64::from(CARD_MILLI));
-                    if c.core_free() < core || c.memory_free() < mem {
-                        if fallback.is_none_or(|f| (c.core_free(), c.memory_free()) > f) {
-                            fallback = Some((c.core_free(), c.memory_free()));
-                        }
-                        continue;
-                    }
-                    if dedupe {
-                        let state = (c.core_free(), c.memory_free(), mem);
-                        if seen[..n_seen].contains(&state) {
-                            continue;
-                        }
-                        if n_seen < seen.len() {
-                            seen[n_seen] = state;
-                            n_seen += 1;
-                        }
-                    }
-                    let mut after = f64::NAN;
-                    let s = match gpu_policy {
-                        PolicyKind::Binpack | PolicyKind::Bestfit => {
-                            -(f64::from(c.core_free()) * 1e9 + c.memory_free() as f64) / 1e12
-                        }
-                        PolicyKind::Spread => (f64::from(c.core_free()) * 1e9 + c.memory_free() as f64) / 1e12,
-                        PolicyKind::Random => 0.0,
-                        PolicyKind::Fgd | PolicyKind::Mosaic => {
-                            after = self
-                                .s
-                                .frag
-                                .after_change(&self.s.sums, c.core_free(), c.core_free() - core);
-                            if gpu_policy == PolicyKind::Fgd {
-                                fgd_score(before, after)
-                            } else {
-                                mosaic_card_score(&self.s.frag, before, after, c.core_free(), core)
-                            }
-                        }
-                    };
-                    match best {
-                        Some((b, ..)) if s < b => {}
-                        Some((b, ..)) if s == b => {
-                            // Random picks uniformly among all; the others keep the first.
-                            if gpu_policy == PolicyKind::Random {
-                                ties += 1;
-                                if self.s.rng.below(ties + 1) == 0 {
-                                    best = Some((s, i, mem, after));
-                                }
-                            }
-                        }
-                        _ => {
-                            ties = 0;
-                            best = Some((s, i, mem, after));
-                        }
-                    }
-                }
-                match best {
-                    Some((_, card, memory_mib, after)) => {
-                        chosen_after = Some(after).filter(|a| !a.is_nan());
-                        (SimpleChoice::Share { card, memory_mib }, u64::from(core))
-                    }
-                    None => {
-                        let needs = format!(
-                            "needs {}, {}",
-                            fit::pct(core),
-                            memory_mib.map_or_else(|| "memory in proportion".to_string(), fit::gib)
-                        );
-                        return Err(match fallback {
-                            Some((cf, mf)) => {
-                                format!("best card has {} core, {} free; {needs}", fit::pct(cf), fit::gib(mf))
-                            }
-                            None if node.cards.is_empty() => "node has no GPU".into(),
-                            None => "no usable card of an allowed model".into(),
-                        });
-                    }
-                }
+                let ask = (*core_milli, *memory_mib);
+                let (choice, after) = self.best_share_card(node, ask, (gpu_policy, before, cpu_after), allowed)?;
+                chosen_after = after;
+                (choice, u64::from(*core_milli))
             }
             Some(CardDemand::Whole { cards, min_memory_mib }) => {
                 let idle: Vec<usize> = node
