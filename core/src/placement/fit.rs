@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::mig::MigProfile;
 use crate::topology::LinkRequirement;
 
 use super::demand::{CardDemand, PodDemand};
@@ -331,49 +332,58 @@ fn place_container(
                 })
                 .collect())
         }
-        CardDemand::Mig(wants) => {
-            let mut out = Vec::new();
-            for (profile, count) in wants {
-                for _ in 0..*count {
-                    // Fill the card with the fewest free devices of this profile first.
-                    let mut best: Option<(usize, usize, usize)> = None; // (free count, card, slot)
-                    for &i in &usable {
-                        let Some(slots) = &node.cards[i].mig else { continue };
-                        let open: Vec<usize> = (0..slots.len())
-                            .filter(|&s| !slot_taken[i][s] && slots[s].profile == *profile)
-                            .collect();
-                        if let Some(&s) = open.first()
-                            && best.is_none_or(|b| open.len() < b.0)
-                        {
-                            best = Some((open.len(), i, s));
-                        }
-                    }
-                    let Some((_, card, slot)) = best else {
-                        let total: usize = usable
-                            .iter()
-                            .filter_map(|&i| node.cards[i].mig.as_ref())
-                            .map(|s| s.iter().filter(|m| m.profile == *profile).count())
-                            .sum();
-                        let mut msg = format!("no free MIG {profile}");
-                        let _ = write!(msg, " ({total} on the node, all taken)");
-                        if total == 0 {
-                            msg = format!("no MIG {profile} device on the node");
-                        }
-                        return Err(msg);
-                    };
-                    slot_taken[card][slot] = true;
-                    out.push(CardAssign {
-                        card,
-                        core_milli: 0,
-                        memory_mib: 0,
-                        exclusive: true,
-                        mig_slot: Some(slot),
-                    });
+        CardDemand::Mig(wants) => place_mig(node, wants, &usable, slot_taken),
+    }
+}
+
+/// MIG devices of the profiles `wants` names on `node`'s `usable` cards, each from the card
+/// with the fewest free devices of its profile, marked in `slot_taken`.
+fn place_mig(
+    node: &NodeState,
+    wants: &[(MigProfile, u32)],
+    usable: &[usize],
+    slot_taken: &mut [Vec<bool>],
+) -> Result<Vec<CardAssign>, String> {
+    let mut out = Vec::new();
+    for (profile, count) in wants {
+        for _ in 0..*count {
+            // Fill the card with the fewest free devices of this profile first.
+            let mut best: Option<(usize, usize, usize)> = None; // (free count, card, slot)
+            for &i in usable {
+                let Some(slots) = &node.cards[i].mig else { continue };
+                let open: Vec<usize> = (0..slots.len())
+                    .filter(|&s| !slot_taken[i][s] && slots[s].profile == *profile)
+                    .collect();
+                if let Some(&s) = open.first()
+                    && best.is_none_or(|b| open.len() < b.0)
+                {
+                    best = Some((open.len(), i, s));
                 }
             }
-            Ok(out)
+            let Some((_, card, slot)) = best else {
+                let total: usize = usable
+                    .iter()
+                    .filter_map(|&i| node.cards[i].mig.as_ref())
+                    .map(|s| s.iter().filter(|m| m.profile == *profile).count())
+                    .sum();
+                let mut msg = format!("no free MIG {profile}");
+                let _ = write!(msg, " ({total} on the node, all taken)");
+                if total == 0 {
+                    msg = format!("no MIG {profile} device on the node");
+                }
+                return Err(msg);
+            };
+            slot_taken[card][slot] = true;
+            out.push(CardAssign {
+                card,
+                core_milli: 0,
+                memory_mib: 0,
+                exclusive: true,
+                mig_slot: Some(slot),
+            });
         }
     }
+    Ok(out)
 }
 
 /// Commits a plan's usage on a node.
