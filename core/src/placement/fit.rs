@@ -242,21 +242,7 @@ fn place_container(
                 .filter(|&i| node.cards[i].admits(node.enforcement, node.cross_tenant, owner).is_ok())
                 .collect();
             if fits.is_empty() && !roomy.is_empty() {
-                let who = |u: Option<u32>| u.map_or_else(|| "an unnamed user".to_string(), |u| format!("uid {u}"));
-                let refusal = node.cards[roomy[0]].admits(node.enforcement, node.cross_tenant, owner);
-                return Err(match refusal {
-                    Err(ShareRefusal::OtherTenant) => format!(
-                        "every card with room holds shares of another tenant; this node gives a card's shares \
-                         to one tenant (label it {LABEL_CROSS_TENANT_SHARING}=true to share cards between tenants)"
-                    ),
-                    Err(ShareRefusal::OtherUser(other)) => format!(
-                        "every card with room serves MPS clients of another user ({}); this container runs as {} \
-                         (MPS serves one user per card: set runAsUser alike, or use another node)",
-                        who(other),
-                        who(owner.uid)
-                    ),
-                    Ok(()) => unreachable!("a card that admits the share is in fits"),
-                });
+                return Err(share_refused(node, roomy[0], owner));
             }
             if fits.is_empty() {
                 let best = compute.iter().max_by_key(|&&i| (free[i].0, free[i].1));
@@ -333,6 +319,26 @@ fn place_container(
                 .collect())
         }
         CardDemand::Mig(wants) => place_mig(node, wants, &usable, slot_taken),
+    }
+}
+
+/// Why `card`, which has room for a share, does not take it from `owner`: the node keeps a
+/// card's shares to one tenant, or MPS to one user.
+fn share_refused(node: &NodeState, card: usize, owner: ShareOwner) -> String {
+    let who = |u: Option<u32>| u.map_or_else(|| "an unnamed user".to_string(), |u| format!("uid {u}"));
+    let refusal = node.cards[card].admits(node.enforcement, node.cross_tenant, owner);
+    match refusal {
+        Err(ShareRefusal::OtherTenant) => format!(
+            "every card with room holds shares of another tenant; this node gives a card's shares \
+             to one tenant (label it {LABEL_CROSS_TENANT_SHARING}=true to share cards between tenants)"
+        ),
+        Err(ShareRefusal::OtherUser(other)) => format!(
+            "every card with room serves MPS clients of another user ({}); this container runs as {} \
+             (MPS serves one user per card: set runAsUser alike, or use another node)",
+            who(other),
+            who(owner.uid)
+        ),
+        Ok(()) => unreachable!("a card that admits the share is in fits"),
     }
 }
 
