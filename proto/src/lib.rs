@@ -3,35 +3,35 @@
 
 /// CRI `runtime.v1`, the subset the end-to-end tests drive (client only).
 #[cfg(feature = "cri")]
-#[allow(clippy::all, missing_docs)]
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod cri {
     tonic::include_proto!("runtime.v1");
 }
 
 /// Kubelet device plugin API `v1beta1` (Registration and DevicePlugin, client and server).
 #[cfg(feature = "deviceplugin")]
-#[allow(clippy::all, missing_docs)]
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod deviceplugin {
     tonic::include_proto!("v1beta1");
 }
 
 /// The kubelet's plugin registration API (`pluginregistration`, v1).
 #[cfg(feature = "dra")]
-#[allow(clippy::all, missing_docs)]
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod pluginregistration {
     tonic::include_proto!("pluginregistration");
 }
 
 /// The kubelet's DRA plugin API `k8s.io.kubelet.pkg.apis.dra.v1` (client and server).
 #[cfg(feature = "dra")]
-#[allow(clippy::all, missing_docs)]
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod dra {
     tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
 }
 
 /// The kubelet's DRA device health API `v1alpha1` (`DRAResourceHealth`, client and server).
 #[cfg(feature = "dra")]
-#[allow(clippy::all, missing_docs)]
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod drahealth {
     tonic::include_proto!("v1alpha1");
 }
@@ -40,6 +40,7 @@ pub mod drahealth {
 #[cfg(feature = "nri")]
 #[allow(
     clippy::all,
+    clippy::pedantic,
     missing_docs,
     unused_imports,
     unused_qualifications,
