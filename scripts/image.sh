@@ -57,7 +57,7 @@ for b in "${bins[@]}"; do
   while read -r lib; do libs+=("$lib"); done < <(ldd "$from/$b" | grep -o '/[^ ]*\.so[^ ]*')
 done
 for l in libdl.so.2 libpthread.so.0 librt.so.1; do
-  p="$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ { print $NF; exit }')"
+  p="$(ldconfig -p | awk -v l="$l" '!found && $1 == l && /x86-64/ { print $NF; found = 1 }')"
   [ -n "$p" ] && libs+=("$p")
 done
 for lib in $(printf '%s\n' "${libs[@]}" | sort -u); do
@@ -72,5 +72,5 @@ mkdir -p "$(dirname "$out")"
 # As the Dockerfile's: the extender by default, as user 65532 (the node agents run as root).
 IMAGE_CONFIG='{"Env":["PATH=/usr/local/bin:/usr/bin:/bin"],"Entrypoint":["/usr/local/bin/tessera-extender"],"User":"65532:65532"}' \
   bash tests/runtimes/oci-image.sh "$root" "$name" "$out"
-digest="$(tar -xOf "$out" ./index.json | grep -o 'sha256:[0-9a-f]*' | head -1)"
+digest="$(tar -xOf "$out" ./index.json | grep -o 'sha256:[0-9a-f]*' | sed -n 1p)"
 echo "$out: $name ($digest, $(stat -c %s "$out") bytes)"
