@@ -772,12 +772,12 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
     // refused at start (the NRI plugin reads its process's user), rather than left waiting and
     // holding the card's other shares up.
     {
-        let pod = s.pod("root-share", vec![share.clone()], false).await?;
+        let root_pod = s.pod("root-share", vec![share.clone()], false).await?;
         let spec = s.spec(&["/probe", "--bench-ms", "8000"], &SHARE);
-        let root_id = s.create(&pod, spec).await;
-        let pod = s.pod("user-share", vec![share.clone()], false).await?;
+        let root_id = s.create(&root_pod, spec).await;
+        let user_pod = s.pod("user-share", vec![share.clone()], false).await?;
         let spec = s.spec(&["/probe"], &SHARE).user(1000);
-        let user_id = s.create(&pod, spec).await;
+        let user_id = s.create(&user_pod, spec).await;
         let (verdict, observed) = match (root_id, user_id) {
             (Ok(r), Ok(u)) => {
                 s.start(&r).await?;
@@ -796,6 +796,11 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
             }
             (r, u) => (Verdict::Fail, format!("{:?} {:?}", r.err(), u.err())),
         };
+        // A container created and never started holds its card: gone with its pod, whatever
+        // the verdict, so that the next cases find the card free.
+        for pod in [&root_pod, &user_pod] {
+            let _ = s.c.remove_pod(pod).await;
+        }
         rows.push(row(
             "uid 1000 share beside a root share",
             "refused at start, naming the root share (one user per MPS daemon)".into(),
