@@ -188,23 +188,7 @@ impl NodeMetrics {
     /// The exposition text for `containers` (container id -> what it was given).
     pub fn render(&self, containers: &HashMap<String, Tracked>) -> String {
         let mut reg = Registry::with_prefix("tessera");
-        let Series {
-            up,
-            info,
-            mem_total,
-            mem_used,
-            sm,
-            alloc_core,
-            alloc_mem,
-            unattributed,
-            healthy,
-            xids,
-            mps_ready,
-            c_alloc_core,
-            c_alloc_mem,
-            c_mem,
-            c_sm,
-        } = Series::register(&mut reg);
+        let series = Series::register(&mut reg);
 
         let samples: Option<Vec<GpuSample>> = self.telemetry.as_ref().and_then(|t| match t.sample() {
             Ok(s) => Some(s),
@@ -213,7 +197,7 @@ impl NodeMetrics {
                 None
             }
         });
-        up.set(i64::from(samples.is_some()));
+        series.up.set(i64::from(samples.is_some()));
         let samples = samples.unwrap_or_default();
         // Card indices from the telemetry, else (no telemetry) from the allocations.
         let mut index_of: HashMap<&str, u32> = containers
@@ -250,8 +234,9 @@ impl NodeMetrics {
                 e.0 += core;
                 e.1 += mem;
                 if matches!(d, AllocatedDevice::Gpu { .. }) {
-                    c_alloc_core.get_or_create(&on_card(t, d.card_uuid())).set(core);
-                    c_alloc_mem
+                    series.c_alloc_core.get_or_create(&on_card(t, d.card_uuid())).set(core);
+                    series
+                        .c_alloc_mem
                         .get_or_create(&on_card(t, d.card_uuid()))
                         .set(mem as f64 * MIB);
                 }
@@ -259,20 +244,22 @@ impl NodeMetrics {
         }
         for s in &samples {
             let k = card(&s.uuid);
-            info.get_or_create(&CardInfo {
-                gpu: k.gpu.clone(),
-                uuid: s.uuid.clone(),
-                model: s.model.clone(),
-            })
-            .set(1);
-            mem_total.get_or_create(&k).set(s.memory_total_mib as f64 * MIB);
-            mem_used.get_or_create(&k).set(s.memory_used_mib as f64 * MIB);
-            sm.get_or_create(&k).set(f64::from(s.sm_percent) / 100.0);
-            healthy.get_or_create(&k).set(if s.healthy { 1.0 } else { 0.0 });
-            xids.get_or_create(&k).inc_by(s.xid_errors);
+            series
+                .info
+                .get_or_create(&CardInfo {
+                    gpu: k.gpu.clone(),
+                    uuid: s.uuid.clone(),
+                    model: s.model.clone(),
+                })
+                .set(1);
+            series.mem_total.get_or_create(&k).set(s.memory_total_mib as f64 * MIB);
+            series.mem_used.get_or_create(&k).set(s.memory_used_mib as f64 * MIB);
+            series.sm.get_or_create(&k).set(f64::from(s.sm_percent) / 100.0);
+            series.healthy.get_or_create(&k).set(if s.healthy { 1.0 } else { 0.0 });
+            series.xids.get_or_create(&k).inc_by(s.xid_errors);
             if self.enforcement == ShareEnforcement::Mps {
                 let ready = self.mps.ready(&s.uuid, std::time::SystemTime::now()).is_ok();
-                mps_ready.get_or_create(&k).set(if ready { 1.0 } else { 0.0 });
+                series.mps_ready.get_or_create(&k).set(if ready { 1.0 } else { 0.0 });
             }
             let mut lost = 0u64;
             for p in &s.processes {
@@ -280,20 +267,20 @@ impl NodeMetrics {
                 match owner.and_then(|id| sorted.get(&id.to_string()).copied()) {
                     Some(t) => {
                         let l = on_card(t, &s.uuid);
-                        let m = c_mem.get_or_create(&l);
+                        let m = series.c_mem.get_or_create(&l);
                         m.set(m.get() + p.memory_mib as f64 * MIB);
-                        let u = c_sm.get_or_create(&l);
+                        let u = series.c_sm.get_or_create(&l);
                         u.set(u.get() + f64::from(p.sm_percent) / 100.0);
                     }
                     None => lost += p.memory_mib,
                 }
             }
-            unattributed.get_or_create(&k).set(lost as f64 * MIB);
+            series.unattributed.get_or_create(&k).set(lost as f64 * MIB);
             per_card.entry(s.uuid.clone()).or_default();
         }
         for (uuid, (core, mem)) in &per_card {
-            alloc_core.get_or_create(&card(uuid)).set(*core);
-            alloc_mem.get_or_create(&card(uuid)).set(*mem as f64 * MIB);
+            series.alloc_core.get_or_create(&card(uuid)).set(*core);
+            series.alloc_mem.get_or_create(&card(uuid)).set(*mem as f64 * MIB);
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &reg).expect("encoding to a String");
