@@ -37,16 +37,15 @@ pub mod testing {
     use std::os::unix::process::ExitStatusExt as _;
     use std::process::{Command, Output, Stdio};
 
-    /// Runs `cmd` with its standard output on `stdout` (a pipe is closed at once: the reader is
-    /// gone before the first write) and its standard error captured, without backtraces.
+    /// Runs `cmd` with its standard output on `stdout` and its standard error captured, without
+    /// backtraces.
     pub fn run(mut cmd: Command, stdout: Stdio) -> Output {
-        let mut child = cmd
+        let child = cmd
             .env("RUST_BACKTRACE", "0")
             .stdout(stdout)
             .stderr(Stdio::piped())
             .spawn()
             .expect("the command starts");
-        drop(child.stdout.take());
         child.wait_with_output().expect("the command ends")
     }
 
@@ -66,7 +65,12 @@ pub mod testing {
             err.contains("writing to standard output: No space left on device") && !err.contains("panicked"),
             "{what} into /dev/full: {err}"
         );
-        let out = run(command(), Stdio::piped());
+        // A pipe whose reader is gone before the command starts: its first write meets it
+        // closed, however fast it writes. (A reader closed after the spawn raced a quick
+        // command, which could write into the pipe's buffer first and exit as it would.)
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let out = run(command(), writer.into());
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(
             out.status.signal(),
