@@ -80,7 +80,11 @@ async fn main() -> anyhow::Result<()> {
                     driver_root: cli.driver_root.clone(),
                     ..Default::default()
                 };
-                let partitioner = match nvml.open().map_err(|e| e.to_string()).and_then(NvmlMig::new) {
+                let partitioner = match nvml
+                    .open()
+                    .map_err(|e| e.to_string())
+                    .and_then(|n| NvmlMig::new(n).map_err(|e| e.to_string()))
+                {
                     Ok(n) => Some(Arc::new(n) as Arc<dyn MigPartitioner>),
                     Err(e) => {
                         tracing::warn!(error = %e, "no NVML: MIG instances are not created per claim");

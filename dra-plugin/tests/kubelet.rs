@@ -494,7 +494,7 @@ impl tessera_core::inventory::MigPartitioner for Instances {
         parent_uuid: &str,
         profile_id: u32,
         placement: tessera_core::inventory::MigPlacement,
-    ) -> Result<tessera_core::inventory::MadeInstance, String> {
+    ) -> Result<tessera_core::inventory::MadeInstance, tessera_core::inventory::MigError> {
         *self.created.lock().unwrap() += 1;
         self.inner.create(parent_uuid, profile_id, placement)
     }
@@ -506,9 +506,14 @@ impl tessera_core::inventory::MigPartitioner for Instances {
         uuid: &str,
         profile_id: u32,
         placement: tessera_core::inventory::MigPlacement,
-    ) -> Result<(), String> {
+    ) -> Result<(), tessera_core::inventory::MigError> {
         if self.refuse_destroy.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err("the card is busy".into());
+            // As NVML refuses a GPU instance a process still uses (NVML_ERROR_IN_USE).
+            return Err(tessera_core::inventory::MigError::Nvml {
+                call: "nvmlGpuInstanceDestroy",
+                message: "the card is busy".into(),
+                rc: 19,
+            });
         }
         self.inner.destroy(parent_uuid, gi, uuid, profile_id, placement)
     }

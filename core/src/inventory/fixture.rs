@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     DeviceNode, DriverFile, DriverFileKind, FoundBy, Gpu, Health, InventoryError, InventorySource, MadeInstance,
-    MigDevice, MigMinors, MigPlacement, MigProfileInfo, NodeInventory,
+    MigDevice, MigError, MigMinors, MigPlacement, MigProfileInfo, NodeInventory,
 };
 use crate::mig::MigProfile;
 use crate::topology::GpuTopology;
@@ -465,13 +465,15 @@ impl FixtureMigInstances {
 }
 
 impl super::MigPartitioner for FixtureMigInstances {
-    fn create(&self, parent_uuid: &str, profile_id: u32, placement: MigPlacement) -> Result<MadeInstance, String> {
+    fn create(&self, parent_uuid: &str, profile_id: u32, placement: MigPlacement) -> Result<MadeInstance, MigError> {
         self.change(|f| f.create_mig_instance(parent_uuid, profile_id, placement))
+            .map_err(MigError::Fixture)
     }
 
-    fn destroy(&self, parent_uuid: &str, gi: u32, uuid: &str, _: u32, _: MigPlacement) -> Result<(), String> {
+    fn destroy(&self, parent_uuid: &str, gi: u32, uuid: &str, _: u32, _: MigPlacement) -> Result<(), MigError> {
         // A fixture's instance always has its compute instance: its UUID says which it is.
         self.change(|f| f.destroy_mig_instance(parent_uuid, gi, uuid).map(|_| ()))
+            .map_err(MigError::Fixture)
     }
 }
 

@@ -7,6 +7,7 @@
 mod annotation;
 mod error;
 mod fixture;
+mod mig_error;
 mod mig_minors;
 
 use std::collections::BTreeSet;
@@ -21,6 +22,7 @@ pub use crate::driver::{DriverFile, DriverFileKind, FoundBy};
 pub use annotation::{INVENTORY_VERSION, PublishedInventory};
 pub use error::InventoryError;
 pub use fixture::{BUILTIN_FIXTURES, Fixture, FixtureMigInstances, FixtureSource, HealthEvent, cap_path};
+pub use mig_error::MigError;
 pub use mig_minors::{MIG_MINORS_PATH, MigMinors};
 
 /// Anything that can tell what GPUs a node has.
@@ -34,7 +36,7 @@ pub trait InventorySource {
 pub trait MigPartitioner: Send + Sync {
     /// Creates a GPU instance of NVML profile `profile_id` at `placement` on card
     /// `parent_uuid`, with one compute instance covering it.
-    fn create(&self, parent_uuid: &str, profile_id: u32, placement: MigPlacement) -> Result<MadeInstance, String>;
+    fn create(&self, parent_uuid: &str, profile_id: u32, placement: MigPlacement) -> Result<MadeInstance, MigError>;
 
     /// Destroys GPU instance `gi` of card `parent_uuid` and its compute instances when it is
     /// still MIG device `uuid`, or, having lost its compute instances, still of NVML profile
@@ -47,7 +49,7 @@ pub trait MigPartitioner: Send + Sync {
         uuid: &str,
         profile_id: u32,
         placement: MigPlacement,
-    ) -> Result<(), String>;
+    ) -> Result<(), MigError>;
 }
 
 /// A character device node.

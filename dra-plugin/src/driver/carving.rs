@@ -99,7 +99,7 @@ impl Preparer {
                         warn!(
                             uid,
                             instance,
-                            error = e,
+                            error = %e,
                             "cannot destroy a MIG instance no claim holds; tried again at the next poll"
                         );
                         gone = false;
@@ -179,7 +179,7 @@ impl Preparer {
                 // Nothing was made: a create cleans up after itself (or says it could not; a
                 // GPU instance without its compute instance is no MIG device to find).
                 let _ = self.ledger.forget(uid, plan);
-                return Err(e);
+                return Err(e.to_string());
             }
         };
         info!(uid, instance = m.uuid, gi = m.gi, profile = %plan.profile, "MIG instance created");

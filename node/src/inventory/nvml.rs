@@ -261,10 +261,10 @@ impl NvmlSource {
                     minor: cm,
                 },
                 // SAFETY: `parent.handle()` is a live handle owned by `nvml`.
-                placement: super::nvml_mig::placement_of(nvml, unsafe { parent.handle() }, gi).map_err(|reason| {
+                placement: super::nvml_mig::placement_of(nvml, unsafe { parent.handle() }, gi).map_err(|e| {
                     InventoryError::Nvml {
                         call: "nvmlGpuInstanceGetInfo".into(),
-                        reason,
+                        reason: e.to_string(),
                     }
                 })?,
             });
@@ -348,13 +348,12 @@ impl InventorySource for NvmlSource {
             let mig_enabled = dev.mig_mode().is_ok_and(|m| m.current == 1);
             let (mig_devices, mig_profiles) = if mig_enabled {
                 // SAFETY: `dev.handle()` is a live handle owned by `nvml`.
-                let profiles =
-                    super::nvml_mig::profiles(&nvml, unsafe { dev.handle() }, memory_mib).map_err(|reason| {
-                        InventoryError::Nvml {
-                            call: "nvmlDeviceGetGpuInstanceProfileInfo".into(),
-                            reason,
-                        }
-                    })?;
+                let profiles = super::nvml_mig::profiles(&nvml, unsafe { dev.handle() }, memory_mib).map_err(|e| {
+                    InventoryError::Nvml {
+                        call: "nvmlDeviceGetGpuInstanceProfileInfo".into(),
+                        reason: e.to_string(),
+                    }
+                })?;
                 (self.mig_devices(&nvml, &dev, minor, memory_mib, &mut minors)?, profiles)
             } else {
                 (Vec::new(), Vec::new())

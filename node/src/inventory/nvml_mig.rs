@@ -10,7 +10,7 @@ use nvml_wrapper_sys::bindings::{
     nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstanceProfileInfo_t, nvmlDevice_t,
     nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t,
 };
-use tessera_core::inventory::{MadeInstance, MigPartitioner, MigPlacement, MigProfileInfo};
+use tessera_core::inventory::{MadeInstance, MigError, MigPartitioner, MigPlacement, MigProfileInfo};
 use tessera_core::mig::MigProfile;
 
 /// NVML's "not found" return code.
@@ -88,24 +88,37 @@ pub fn missing_entry_points(path: &std::path::Path) -> Result<Vec<&'static str>,
         .collect())
 }
 
-fn check(call: &str, rc: u32) -> Result<(), String> {
-    nvml_wrapper::error::nvml_try(rc).map_err(|e| format!("{call}: {e} (NVML return code {rc})"))
+fn check(call: &'static str, rc: u32) -> Result<(), MigError> {
+    nvml_wrapper::error::nvml_try(rc).map_err(|e| MigError::Nvml {
+        call,
+        message: e.to_string(),
+        rc,
+    })
+}
+
+/// The error of NVML call `call` (about `target`, when it names one) through the wrapper.
+fn call_failed(call: &'static str, target: Option<&str>) -> impl FnOnce(nvml_wrapper::error::NvmlError) -> MigError {
+    let target = target.map(str::to_string);
+    move |e| MigError::Call {
+        call,
+        target,
+        message: e.to_string(),
+    }
 }
 
 macro_rules! sym {
     ($nvml:expr, $name:ident) => {
-        $nvml
-            .lib()
-            .$name
-            .as_ref()
-            .map_err(|e| format!("{}: not in this libnvidia-ml: {e}", stringify!($name)))?
+        $nvml.lib().$name.as_ref().map_err(|e| MigError::Missing {
+            symbol: stringify!($name),
+            reason: e.to_string(),
+        })?
     };
 }
 
 /// The GPU instance profiles card `device` can create, named as NVIDIA names them for a card
 /// of `total_mib`, each with its possible placements (profiles the card does not support, or
 /// whose placements cannot be read, are skipped).
-pub(crate) fn profiles(nvml: &Nvml, device: nvmlDevice_t, total_mib: u64) -> Result<Vec<MigProfileInfo>, String> {
+pub(crate) fn profiles(nvml: &Nvml, device: nvmlDevice_t, total_mib: u64) -> Result<Vec<MigProfileInfo>, MigError> {
     let info_of = sym!(nvml, nvmlDeviceGetGpuInstanceProfileInfo);
     let placements_of = sym!(nvml, nvmlDeviceGetGpuInstancePossiblePlacements_v2);
     let mut out = Vec::new();
@@ -161,7 +174,7 @@ pub(crate) fn profiles(nvml: &Nvml, device: nvmlDevice_t, total_mib: u64) -> Res
     Ok(out)
 }
 
-fn gpu_instance(nvml: &Nvml, device: nvmlDevice_t, gi: u32) -> Result<Option<nvmlGpuInstance_t>, String> {
+fn gpu_instance(nvml: &Nvml, device: nvmlDevice_t, gi: u32) -> Result<Option<nvmlGpuInstance_t>, MigError> {
     let by_id = sym!(nvml, nvmlDeviceGetGpuInstanceById);
     let mut handle = MaybeUninit::zeroed();
     // SAFETY: `device` is live; `handle` is a valid out-pointer.
@@ -175,7 +188,7 @@ fn gpu_instance(nvml: &Nvml, device: nvmlDevice_t, gi: u32) -> Result<Option<nvm
 }
 
 /// Where GPU instance `gi` of card `device` sits.
-pub(crate) fn placement_of(nvml: &Nvml, device: nvmlDevice_t, gi: u32) -> Result<Option<MigPlacement>, String> {
+pub(crate) fn placement_of(nvml: &Nvml, device: nvmlDevice_t, gi: u32) -> Result<Option<MigPlacement>, MigError> {
     let Some(handle) = gpu_instance(nvml, device, gi)? else {
         return Ok(None);
     };
@@ -199,7 +212,7 @@ pub struct NvmlMig {
 impl NvmlMig {
     /// Instances through `nvml` (see [`super::NvmlSource::open`]); refused when its library
     /// lacks an entry point dynamic MIG calls.
-    pub fn new(nvml: Nvml) -> Result<Self, String> {
+    pub fn new(nvml: Nvml) -> Result<Self, MigError> {
         let present = present(nvml.lib());
         let missing: Vec<&str> = ENTRY_POINTS
             .iter()
@@ -208,18 +221,16 @@ impl NvmlMig {
             .map(|(n, _)| *n)
             .collect();
         if !missing.is_empty() {
-            return Err(format!(
-                "this libnvidia-ml lacks {missing:?}: MIG instances cannot be created per claim"
-            ));
+            return Err(MigError::Unsupported { missing });
         }
         Ok(Self { nvml })
     }
 
-    fn device(&self, uuid: &str) -> Result<nvmlDevice_t, String> {
+    fn device(&self, uuid: &str) -> Result<nvmlDevice_t, MigError> {
         let dev = self
             .nvml
             .device_by_uuid(uuid)
-            .map_err(|e| format!("nvmlDeviceGetHandleByUUID({uuid}): {e}"))?;
+            .map_err(call_failed("nvmlDeviceGetHandleByUUID", Some(uuid)))?;
         // SAFETY: the handle stays valid while `self.nvml` is initialised (NVML handles are
         // not freed per device).
         Ok(unsafe { dev.handle() })
@@ -229,27 +240,28 @@ impl NvmlMig {
     /// instance when `None`) on card `parent_uuid`, when there is one. (A compute instance's
     /// info names its parent card, not the MIG device: the MIG device is found among the
     /// card's.)
-    fn mig_uuid(&self, parent_uuid: &str, gi: u32, ci: Option<u32>) -> Result<Option<String>, String> {
+    fn mig_uuid(&self, parent_uuid: &str, gi: u32, ci: Option<u32>) -> Result<Option<String>, MigError> {
         let parent = self
             .nvml
             .device_by_uuid(parent_uuid)
-            .map_err(|e| format!("nvmlDeviceGetHandleByUUID({parent_uuid}): {e}"))?;
+            .map_err(call_failed("nvmlDeviceGetHandleByUUID", Some(parent_uuid)))?;
         let max = parent
             .mig_device_count()
-            .map_err(|e| format!("nvmlDeviceGetMaxMigDeviceCount: {e}"))?;
+            .map_err(call_failed("nvmlDeviceGetMaxMigDeviceCount", None))?;
         for i in 0..max {
             let Ok(mig) = parent.mig_device_by_index(i) else {
                 continue;
             };
-            let (g, c) = super::nvml::instance_ids(&self.nvml, &mig).map_err(|e| e.to_string())?;
+            let (g, c) =
+                super::nvml::instance_ids(&self.nvml, &mig).map_err(|e| MigError::InstanceIds(e.to_string()))?;
             if g == gi && ci.is_none_or(|ci| ci == c) {
-                return mig.uuid().map(Some).map_err(|e| format!("nvmlDeviceGetUUID: {e}"));
+                return mig.uuid().map(Some).map_err(call_failed("nvmlDeviceGetUUID", None));
             }
         }
         Ok(None)
     }
 
-    fn destroy_compute_instances(&self, gi: nvmlGpuInstance_t) -> Result<(), String> {
+    fn destroy_compute_instances(&self, gi: nvmlGpuInstance_t) -> Result<(), MigError> {
         let by_id = sym!(self.nvml, nvmlGpuInstanceGetComputeInstanceById);
         let destroy = sym!(self.nvml, nvmlComputeInstanceDestroy);
         for id in 0..8 {
@@ -269,7 +281,7 @@ impl NvmlMig {
 }
 
 impl MigPartitioner for NvmlMig {
-    fn create(&self, parent_uuid: &str, profile_id: u32, placement: MigPlacement) -> Result<MadeInstance, String> {
+    fn create(&self, parent_uuid: &str, profile_id: u32, placement: MigPlacement) -> Result<MadeInstance, MigError> {
         let device = self.device(parent_uuid)?;
         let create_gi = sym!(self.nvml, nvmlDeviceCreateGpuInstanceWithPlacement);
         let gi_info_of = sym!(self.nvml, nvmlGpuInstanceGetInfo);
@@ -288,7 +300,7 @@ impl MigPartitioner for NvmlMig {
         })?;
         // SAFETY: NVML filled it (rc 0).
         let gi = unsafe { gi.assume_init() };
-        let made = (|| -> Result<MadeInstance, String> {
+        let made = (|| -> Result<MadeInstance, MigError> {
             let mut gi_info = MaybeUninit::<nvmlGpuInstanceInfo_t>::zeroed();
             // SAFETY: `gi` is live; `gi_info` is a valid out-pointer.
             check("nvmlGpuInstanceGetInfo", unsafe {
@@ -310,7 +322,10 @@ impl MigPartitioner for NvmlMig {
                         .filter(|p| p.id == profile_id)
                 })
                 .map(|p| p.sliceCount)
-                .ok_or_else(|| format!("GPU instance profile {profile_id} is not one of card {parent_uuid}'s"))?;
+                .ok_or_else(|| MigError::NoSuchProfile {
+                    card: parent_uuid.to_string(),
+                    profile: profile_id,
+                })?;
             let ci_profile = CI_PROFILES
                 .filter_map(|index| {
                     let mut p = MaybeUninit::<nvmlComputeInstanceProfileInfo_t>::zeroed();
@@ -320,7 +335,7 @@ impl MigPartitioner for NvmlMig {
                     (rc == 0).then(|| unsafe { p.assume_init() })
                 })
                 .find(|p| p.sliceCount == slices)
-                .ok_or_else(|| format!("no compute instance profile covers a {slices}-slice GPU instance"))?;
+                .ok_or(MigError::NoComputeProfile { slices })?;
             let mut ci = MaybeUninit::<nvmlComputeInstance_t>::zeroed();
             // SAFETY: `gi` is live; `ci` is a valid out-pointer.
             check("nvmlGpuInstanceCreateComputeInstance", unsafe {
@@ -337,11 +352,9 @@ impl MigPartitioner for NvmlMig {
             let ci_info = unsafe { ci_info.assume_init() };
             let uuid = self
                 .mig_uuid(parent_uuid, gi_info.id, Some(ci_info.id))?
-                .ok_or_else(|| {
-                    format!(
-                        "no MIG device for GPU instance {} compute instance {}",
-                        gi_info.id, ci_info.id
-                    )
+                .ok_or(MigError::NoMigDevice {
+                    gi: gi_info.id,
+                    ci: ci_info.id,
                 })?;
             Ok(MadeInstance {
                 gi: gi_info.id,
@@ -356,16 +369,18 @@ impl MigPartitioner for NvmlMig {
                 check("nvmlGpuInstanceDestroy", unsafe { destroy_gi(gi) })
             });
             if let Err(left) = undone {
-                return Err(format!(
-                    "{e}; the half-made GPU instance could not be destroyed: {left}"
-                ));
+                return Err(MigError::LeftHalfMade {
+                    made: Box::new(e.clone()),
+                    left: Box::new(left),
+                });
             }
         }
-        made.map_err(|e| {
-            format!(
-                "card {parent_uuid}, GPU instance profile {profile_id} at {}:{}: {e}",
-                placement.start, placement.size
-            )
+        made.map_err(|e| MigError::Create {
+            card: parent_uuid.to_string(),
+            profile: profile_id,
+            start: placement.start,
+            size: placement.size,
+            reason: Box::new(e),
         })
     }
 
@@ -376,7 +391,7 @@ impl MigPartitioner for NvmlMig {
         uuid: &str,
         profile_id: u32,
         placement: MigPlacement,
-    ) -> Result<(), String> {
+    ) -> Result<(), MigError> {
         let device = self.device(parent_uuid)?;
         let Some(handle) = gpu_instance(&self.nvml, device, gi)? else {
             return Ok(());
