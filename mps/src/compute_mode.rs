@@ -33,6 +33,56 @@ impl Mode {
     }
 }
 
+/// Why a card's compute mode could not be set, naming the command or the marker file.
+#[derive(Debug, thiserror::Error)]
+pub enum ComputeModeError {
+    /// `nvidia-smi` did not answer in time.
+    #[error("{command}: no answer in {timeout:?}")]
+    Timeout {
+        /// The command line.
+        command: String,
+        /// How long it was given.
+        timeout: Duration,
+    },
+    /// `nvidia-smi` could not be run.
+    #[error("{command}: {source}")]
+    Run {
+        /// The command line.
+        command: String,
+        /// Why it could not be run.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `nvidia-smi` refused (its exit status and what it said).
+    #[error("{command}: {status} ({said})")]
+    Refused {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// Its standard output and error.
+        said: String,
+    },
+    /// The marker that Tessera set the card exclusive could not be written.
+    #[error("marking {uuid}: {source}")]
+    Mark {
+        /// The card.
+        uuid: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The marker could not be removed after the card was set back.
+    #[error("removing {}: {source}", path.display())]
+    Unmark {
+        /// The marker file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Sets cards' compute modes with `nvidia-smi`.
 #[derive(Debug, Clone)]
 pub struct ComputeModes {
@@ -51,7 +101,7 @@ pub fn marker(layout: &MpsLayout, uuid: &str) -> PathBuf {
 
 impl ComputeModes {
     /// Sets `uuid`'s compute mode; the error names the command and what it said.
-    pub async fn set(&self, uuid: &str, mode: Mode) -> Result<(), String> {
+    pub async fn set(&self, uuid: &str, mode: Mode) -> Result<(), ComputeModeError> {
         let mut library_path: Vec<PathBuf> = self.library_dirs.clone();
         if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
             library_path.extend(std::env::split_paths(&old));
@@ -64,34 +114,47 @@ impl ComputeModes {
             )
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true);
-        let shown = format!("{} -i {uuid} -c {}", self.nvidia_smi.display(), mode.as_arg());
-        let out = tokio::time::timeout(self.timeout, cmd.output())
-            .await
-            .map_err(|_| format!("{shown}: no answer in {:?}", self.timeout))?
-            .map_err(|e| format!("{shown}: {e}"))?;
+        let command = format!("{} -i {uuid} -c {}", self.nvidia_smi.display(), mode.as_arg());
+        let out = match tokio::time::timeout(self.timeout, cmd.output()).await {
+            Err(_) => {
+                return Err(ComputeModeError::Timeout {
+                    command,
+                    timeout: self.timeout,
+                });
+            }
+            Ok(Err(source)) => return Err(ComputeModeError::Run { command, source }),
+            Ok(Ok(out)) => out,
+        };
         if out.status.success() {
             return Ok(());
         }
         let said =
             String::from_utf8_lossy(&out.stdout).trim().to_string() + String::from_utf8_lossy(&out.stderr).trim();
-        Err(format!("{shown}: {} ({said})", out.status))
+        Err(ComputeModeError::Refused {
+            command,
+            status: out.status,
+            said,
+        })
     }
 
     /// Puts `uuid` in exclusive-process mode and marks it so.
-    pub async fn make_exclusive(&self, layout: &MpsLayout, uuid: &str) -> Result<(), String> {
+    pub async fn make_exclusive(&self, layout: &MpsLayout, uuid: &str) -> Result<(), ComputeModeError> {
         // Marked first: a supervisor dying between the two leaves a marker for a card that
         // may be exclusive, which the next one sets back to default (harmless when it was not).
-        std::fs::write(marker(layout, uuid), b"").map_err(|e| format!("marking {uuid}: {e}"))?;
+        std::fs::write(marker(layout, uuid), b"").map_err(|source| ComputeModeError::Mark {
+            uuid: uuid.to_string(),
+            source,
+        })?;
         self.set(uuid, Mode::ExclusiveProcess).await
     }
 
     /// Sets `uuid` back to default mode when Tessera set it exclusive (its marker is there).
-    pub async fn release(&self, layout: &MpsLayout, uuid: &str) -> Result<(), String> {
+    pub async fn release(&self, layout: &MpsLayout, uuid: &str) -> Result<(), ComputeModeError> {
         let m = marker(layout, uuid);
         if !m.exists() {
             return Ok(());
         }
         self.set(uuid, Mode::Default).await?;
-        std::fs::remove_file(&m).map_err(|e| format!("removing {}: {e}", m.display()))
+        std::fs::remove_file(&m).map_err(|source| ComputeModeError::Unmark { path: m, source })
     }
 }

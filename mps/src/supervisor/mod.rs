@@ -153,7 +153,7 @@ impl Supervisor {
                 if leftover && !kept {
                     match modes.release(&self.config.layout, &uuid).await {
                         Ok(()) => info!(uuid, "card left in exclusive-process mode: set back to default"),
-                        Err(e) => warn!(uuid, error = e, "cannot set the card back to default compute mode"),
+                        Err(e) => warn!(uuid, error = %e, "cannot set the card back to default compute mode"),
                     }
                 }
             }
@@ -320,7 +320,7 @@ async fn release(config: &SupervisorConfig, uuid: &str) {
     if let Some(modes) = &config.compute_modes
         && let Err(e) = modes.release(&config.layout, uuid).await
     {
-        warn!(uuid, error = e, "cannot set the card back to default compute mode");
+        warn!(uuid, error = %e, "cannot set the card back to default compute mode");
     }
 }
 
