@@ -480,6 +480,11 @@ pub struct MpsState {
     /// The ceiling the daemon was last seen holding (set and read back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ceiling: Option<MpsCeiling>,
+    /// Whether the card was in exclusive-process compute mode when its daemon started, as
+    /// `nvidia-smi` read it back (`None`: not known). In any other mode a CUDA process that goes
+    /// around MPS (its `CUDA_MPS_PIPE_DIRECTORY` pointed elsewhere) gets the whole card.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive_process: Option<bool>,
 }
 
 /// Unix seconds of `t`.
@@ -531,6 +536,7 @@ mod tests {
             checked_at: unix_secs(now),
             reason: None,
             ceiling: None,
+            exclusive_process: None,
         };
         l.write_state(uuid, &s).unwrap();
         l.ready(uuid, now).unwrap();

@@ -63,6 +63,14 @@ pub enum ComputeModeError {
         /// Its standard output and error.
         said: String,
     },
+    /// `nvidia-smi` answered a compute mode query with something that is none.
+    #[error("{command}: no compute mode in its answer {said:?}")]
+    Unreadable {
+        /// The command line.
+        command: String,
+        /// What it said.
+        said: String,
+    },
     /// The marker that Tessera set the card exclusive could not be written.
     #[error("marking {uuid}: {source}")]
     Mark {
@@ -102,19 +110,42 @@ pub fn marker(layout: &MpsLayout, uuid: &str) -> PathBuf {
 impl ComputeModes {
     /// Sets `uuid`'s compute mode; the error names the command and what it said.
     pub async fn set(&self, uuid: &str, mode: Mode) -> Result<(), ComputeModeError> {
+        self.smi(&["-i", uuid, "-c", mode.as_arg()]).await.map(drop)
+    }
+
+    /// Whether `uuid` is in exclusive-process mode now, as `nvidia-smi` reads it.
+    pub async fn is_exclusive(&self, uuid: &str) -> Result<bool, ComputeModeError> {
+        let args = ["-i", uuid, "--query-gpu=compute_mode", "--format=csv,noheader"];
+        let said = self.smi(&args).await?;
+        match said.trim() {
+            "Exclusive_Process" => Ok(true),
+            "Default" | "Prohibited" | "Exclusive_Thread" => Ok(false),
+            _ => Err(ComputeModeError::Unreadable {
+                command: self.shown(&args),
+                said: said.trim().to_string(),
+            }),
+        }
+    }
+
+    fn shown(&self, args: &[&str]) -> String {
+        format!("{} {}", self.nvidia_smi.display(), args.join(" "))
+    }
+
+    /// Runs `nvidia-smi args...` with the driver's libraries; its standard output.
+    async fn smi(&self, args: &[&str]) -> Result<String, ComputeModeError> {
         let mut library_path: Vec<PathBuf> = self.library_dirs.clone();
         if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
             library_path.extend(std::env::split_paths(&old));
         }
         let mut cmd = tokio::process::Command::new(&self.nvidia_smi);
-        cmd.args(["-i", uuid, "-c", mode.as_arg()])
+        cmd.args(args)
             .env(
                 "LD_LIBRARY_PATH",
                 std::env::join_paths(library_path).unwrap_or_else(|_| OsString::new()),
             )
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true);
-        let command = format!("{} -i {uuid} -c {}", self.nvidia_smi.display(), mode.as_arg());
+        let command = self.shown(args);
         let out = match tokio::time::timeout(self.timeout, cmd.output()).await {
             Err(_) => {
                 return Err(ComputeModeError::Timeout {
@@ -126,7 +157,7 @@ impl ComputeModes {
             Ok(Ok(out)) => out,
         };
         if out.status.success() {
-            return Ok(());
+            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
         }
         let said =
             String::from_utf8_lossy(&out.stdout).trim().to_string() + String::from_utf8_lossy(&out.stderr).trim();

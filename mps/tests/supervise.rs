@@ -911,10 +911,16 @@ fn fake_nvidia_smi(dir: &Path, layout: &MpsLayout, cards: &[String]) -> PathBuf 
             layout.pipe_dir(u).join("control").display()
         ));
     }
+    // Each card's mode is kept in a file, for the supervisor's query of it.
     let script = format!(
         "#!/bin/sh\nstate=unknown\ncase \"$2\" in\n{cases}esac\n\
          if [ -e '{d}/fail' ]; then echo 'Insufficient Permissions'; exit 4; fi\n\
-         echo \"$* $state\" >> '{d}/calls'\n",
+         echo \"$* $state\" >> '{d}/calls'\n\
+         case \"$3\" in\n\
+           -c) echo \"$4\" > '{d}/mode-'\"$2\" ;;\n\
+           --query-gpu=compute_mode) if [ \"$(cat '{d}/mode-'\"$2\" 2>/dev/null)\" = EXCLUSIVE_PROCESS ]; \
+             then echo Exclusive_Process; else echo Default; fi ;;\n\
+         esac\n",
         d = dir.display()
     );
     let path = dir.join("nvidia-smi");
@@ -961,6 +967,13 @@ fn exclusive_process_mode_holds_while_a_card_serves_mps() {
             calls()
         );
         assert!(tessera_mps::compute_mode::marker(&layout, u).exists());
+        // Read back and recorded for `check`.
+        assert_eq!(
+            s.state(u).and_then(|st| st.exclusive_process),
+            Some(true),
+            "{}",
+            calls()
+        );
     }
     // The second card leaves: its daemon stops and the card is set back; the first is kept.
     std::fs::write(&fixture, &one_card).unwrap();
@@ -1033,6 +1046,13 @@ log:
         s.ready(&cards[0]) && calls().matches(&format!("-i {} -c DEFAULT", cards[0])).count() > before
     });
     assert!(!tessera_mps::compute_mode::marker(&layout, &cards[0]).exists());
+    // Its daemon runs on a card open to processes that go around MPS, and its state says so.
+    assert_eq!(
+        s.state(&cards[0]).and_then(|st| st.exclusive_process),
+        Some(false),
+        "{}",
+        calls()
+    );
     assert_eq!(
         calls().matches("EXCLUSIVE_PROCESS").count(),
         exclusive_before,

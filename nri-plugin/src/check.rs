@@ -129,15 +129,15 @@ fn check_enforcement(opts: &CheckOptions) -> Finding {
             let now = std::time::SystemTime::now();
             let down: Vec<String> = cards.iter().filter_map(|u| opts.mps.ready(u, now).err()).collect();
             if down.is_empty() {
-                finding(
-                    Level::Ok,
-                    what,
-                    format!(
-                        "mps: {} card daemon(s) ready under {}",
-                        cards.len(),
-                        opts.mps.root.display()
-                    ),
-                )
+                let ready = format!(
+                    "mps: {} card daemon(s) ready under {}",
+                    cards.len(),
+                    opts.mps.root.display()
+                );
+                match open_to_bypass(&opts.mps, &cards) {
+                    None => finding(Level::Ok, what, format!("{ready}, each card in exclusive-process mode")),
+                    Some(open) => finding(Level::Warn, what, format!("{ready}; {open}")),
+                }
             } else {
                 finding(
                     Level::Fail,
@@ -153,6 +153,41 @@ fn check_enforcement(opts: &CheckOptions) -> Finding {
             }
         }
     }
+}
+
+/// What the supervisor read of the share cards' compute modes, when any card is not known to
+/// be in exclusive-process mode: in another mode a CUDA process that points
+/// `CUDA_MPS_PIPE_DIRECTORY` elsewhere goes around MPS and gets the whole card.
+fn open_to_bypass(mps: &MpsLayout, cards: &[String]) -> Option<String> {
+    let (mut open, mut unknown) = (Vec::new(), Vec::new());
+    for uuid in cards {
+        match mps.read_state(uuid).ok().and_then(|s| s.exclusive_process) {
+            Some(true) => {}
+            Some(false) => open.push(uuid.as_str()),
+            None => unknown.push(uuid.as_str()),
+        }
+    }
+    let mut said = Vec::new();
+    if !open.is_empty() {
+        said.push(format!(
+            "{} not in exclusive-process mode ({}): a process that goes around MPS gets the whole card",
+            open.len(),
+            open.join(", ")
+        ));
+    }
+    if !unknown.is_empty() {
+        said.push(format!(
+            "{} whose compute mode could not be read ({}; no nvidia-smi?)",
+            unknown.len(),
+            unknown.join(", ")
+        ));
+    }
+    (!said.is_empty()).then(|| {
+        format!(
+            "card(s) {} (tessera-mps-supervisor --exclusive-process closes this; docs/threat-model.md)",
+            said.join("; ")
+        )
+    })
 }
 
 /// The cards Tessera's spec offers shares of (the `tessera.io/share` annotation of share devices).

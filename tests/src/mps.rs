@@ -21,6 +21,8 @@ pub fn hold_wanted_ceilings<'a>(layout: &MpsLayout, cards: impl IntoIterator<Ite
             checked_at: now,
             reason: None,
             ceiling: Some(layout.read_ceiling(uuid).ok().flatten().unwrap_or(MpsCeiling::CLOSED)),
+            // A stand-in daemon: the card's mode is not read.
+            exclusive_process: None,
         };
         layout.write_state(uuid, &state)?;
     }

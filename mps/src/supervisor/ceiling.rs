@@ -113,6 +113,7 @@ mod tests {
             checked_at: 0,
             reason: None,
             ceiling: Some(MpsCeiling::CLOSED),
+            exclusive_process: None,
         };
         let mut lowering = Lowering::default();
         layout.write_ceiling("GPU-1", &share).unwrap();

@@ -232,6 +232,7 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
             checked_at: unix_secs(now),
             reason: None,
             ceiling: None,
+            exclusive_process: None,
         };
         let last: LastWords = Arc::default();
         let prepared = prepare_dirs(&config, &uuid);
@@ -254,6 +255,7 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
             Ok(()) => match prepared.and_then(|()| spawn(&config, &uuid, &last)) {
                 Ok((child, tally)) => {
                     state.pid = child.id();
+                    state.exclusive_process = compute_mode_now(&config, &uuid).await;
                     write(&config, &uuid, &state);
                     info!(uuid, pid = state.pid, restarts, "MPS daemon started");
                     run(&config, &uuid, (child, tally), &mut state, &mut stop, &last).await
@@ -310,6 +312,20 @@ async fn supervise(config: Arc<SupervisorConfig>, uuid: String, mut stop: watch:
                 return;
             }
             _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// Whether the card is in exclusive-process mode, as `nvidia-smi` reads it back (`None` without
+/// `nvidia-smi`, or when it cannot say): `check` tells which cards a process that goes around
+/// MPS could take whole.
+async fn compute_mode_now(config: &SupervisorConfig, uuid: &str) -> Option<bool> {
+    let modes = config.compute_modes.as_ref()?;
+    match modes.is_exclusive(uuid).await {
+        Ok(exclusive) => Some(exclusive),
+        Err(e) => {
+            warn!(uuid, error = %e, "cannot read the card's compute mode");
+            None
         }
     }
 }

@@ -217,9 +217,32 @@ fn mps_nodes_need_a_ready_daemon_per_shared_card() {
     assert_eq!(f.level, Level::Fail, "{f}");
     assert!(f.detail.contains("2 of 2 card daemon(s) not ready"), "{f}");
     tessera_tests::mps::hold_wanted_ceilings(&layout, inv.gpus.iter().map(|g| g.uuid.as_str())).unwrap();
+    // Ready, but whether a process that goes around MPS could take a card whole is not known.
+    let f = check();
+    assert_eq!(f.level, Level::Warn, "{f}");
+    assert!(f.detail.contains("mps: 2 card daemon(s) ready"), "{f}");
+    assert!(f.detail.contains("2 whose compute mode could not be read"), "{f}");
+    // The supervisor read one card in the default mode: named, with what closes it.
+    let (open, closed) = (&inv.gpus[0].uuid, &inv.gpus[1].uuid);
+    for (uuid, exclusive) in [(open, false), (closed, true)] {
+        let mut state = layout.read_state(uuid).unwrap();
+        state.exclusive_process = Some(exclusive);
+        layout.write_state(uuid, &state).unwrap();
+    }
+    let f = check();
+    assert_eq!(f.level, Level::Warn, "{f}");
+    assert!(
+        f.detail.contains(&format!("1 not in exclusive-process mode ({open})"))
+            && f.detail.contains("--exclusive-process")
+            && !f.detail.contains(closed.as_str()),
+        "{f}"
+    );
+    let mut state = layout.read_state(open).unwrap();
+    state.exclusive_process = Some(true);
+    layout.write_state(open, &state).unwrap();
     let f = check();
     assert_eq!(f.level, Level::Ok, "{f}");
-    assert!(f.detail.contains("mps: 2 card daemon(s) ready"), "{f}");
+    assert!(f.detail.contains("each card in exclusive-process mode"), "{f}");
 }
 
 /// The nodes' key check tells an Ed25519 public key (ok) from the extender's private key (a
