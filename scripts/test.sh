@@ -27,8 +27,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # Production functions stay under clippy.toml's length (tests and the test harness may run long;
 # an exception says why in its #[allow(clippy::too_many_lines, reason = ...)]).
 cargo clippy --workspace --exclude tessera-tests --lib --bins --locked -- -D warnings -D clippy::too_many_lines
-# The real-cluster tests run Tessera's own binaries (tests/tests/cluster.rs): built first.
-cargo build --workspace --bins --locked
+# The real-cluster tests and the GPU harness's dry run use Tessera's own binaries and the CUDA
+# hook's cdylib (tests/tests/cluster.rs, gpu_dry_run.rs): built first (`--bins` alone leaves the
+# cdylib out of target/debug).
+cargo build --workspace --bins --lib --locked
 cargo test --workspace --locked
 # The hook as containers get it (glibc 2.28 symbols, built with zig): its suites again.
 echo "== the shipped CUDA hook (hook/build-portable.sh):"

@@ -35,9 +35,11 @@ trap 'rm -rf "$work"' EXIT
 if [ -n "$bin_dir" ]; then
   mkdir -p "$work/bin"
   for b in tessera-cdi-generator tessera-nri-plugin tessera-mps-supervisor tessera-gpu-e2e; do
-    [ -x "$bin_dir/$b" ] || { echo "run.sh: $bin_dir/$b is not built (cargo build --workspace)" >&2; exit 2; }
+    [ -x "$bin_dir/$b" ] || { echo "run.sh: $bin_dir/$b is not built (cargo build --workspace --bins --lib)" >&2; exit 2; }
     ln -s "$bin_dir/$b" "$work/bin/$b"
   done
+  [ -f "$bin_dir/libtessera_cuda_hook.so" ] || {
+    echo "run.sh: $bin_dir/libtessera_cuda_hook.so is not built (cargo build --workspace --bins --lib)" >&2; exit 2; }
   ln -s "$bin_dir/libtessera_cuda_hook.so" "$work/bin/libtessera-cuda-hook.so"
   bash "$repo/tests/runtimes/fetch.sh" >/dev/null
   export TESSERA_RUNTIME_CACHE="${TESSERA_RUNTIME_CACHE:-$repo/.cache/runtimes}"
