@@ -15,6 +15,8 @@ bash tests/runtimes/fetch.sh
 # NVIDIA's real driver userspace (two branches, four node layouts; cached under .cache/nvidia).
 echo "== NVIDIA userspace (tests/nvidia/fetch.sh):"
 bash tests/nvidia/fetch.sh
+# NVIDIA's NVML header (PyPI's nvidia-nvml-dev), for the bindings' layout test.
+echo "== NVML header: $(bash tests/nvidia/nvml-header.sh)"
 # A real Kubernetes (the shared multi-call binary, or KUBE_BIN_DIR), etcd and the CNI plugins.
 echo "== Kubernetes (tests/cluster/fetch.sh):"
 bash tests/cluster/fetch.sh

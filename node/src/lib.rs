@@ -1,10 +1,12 @@
 //! What Tessera's node agents read off the NVIDIA driver and the node's files: where the
 //! driver's user-space files are ([`driver`]), the GPUs through NVML ([`inventory`]), what they
-//! are doing now and their XID errors ([`telemetry`]). The model these fill in, and every
+//! are doing now and their XID errors ([`telemetry`]), and the driver's per-cgroup memory
+//! limits ([`memory_limits`]). The model these fill in, and every
 //! decision made from it, is `tessera_core`'s. Their printing commands write through
 //! [`stdout`].
 
 pub mod driver;
 pub mod inventory;
+pub mod memory_limits;
 pub mod stdout;
 pub mod telemetry;

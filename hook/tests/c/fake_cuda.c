@@ -16,7 +16,7 @@ typedef void *H;
 
 #define MAXA 65536
 static __thread int dummy_tls;
-static struct { uint64_t id, size; } allocs[MAXA];
+static struct { uint64_t id, size; int cg; } allocs[MAXA];
 static uint32_t nallocs;
 static uint32_t alloc_lock;
 
@@ -27,35 +27,40 @@ static uint64_t total(void) {
 
 static CUresult take(uint64_t size, uint64_t *id) {
     struct fake_gpu *g = fake_gpu();
+    const char *key = fake_own_cgroup();
+    uint64_t hard = fake_cgroup_hard(key);
     fake_lock(g);
     if (!g->memory_total) g->memory_total = total();
     if (!g->next_ptr) g->next_ptr = 0x7f0000000000ull;
-    if (g->memory_used + size > g->memory_total) {
+    int cg = fake_cgroup(g, key);
+    if (g->memory_used + size > g->memory_total || (cg >= 0 && hard != FAKE_NO_LIMIT && g->cg_used[cg] + size > hard)) {
         fake_unlock(g);
         return OOM;
     }
     g->memory_used += size;
+    if (cg >= 0) g->cg_used[cg] += size;
     fake_own_mem(g, (int64_t)size);
     *id = g->next_ptr;
     g->next_ptr += (size + 511) / 512 * 512 + 512;
     fake_unlock(g);
     while (__atomic_exchange_n(&alloc_lock, 1, __ATOMIC_ACQUIRE)) {}
-    if (nallocs < MAXA) { allocs[nallocs].id = *id; allocs[nallocs].size = size; nallocs++; }
+    if (nallocs < MAXA) { allocs[nallocs].id = *id; allocs[nallocs].size = size; allocs[nallocs].cg = cg; nallocs++; }
     __atomic_store_n(&alloc_lock, 0, __ATOMIC_RELEASE);
     return OK;
 }
 
 static CUresult give(uint64_t id) {
     uint64_t size = 0;
-    int found = 0;
+    int found = 0, cg = -1;
     while (__atomic_exchange_n(&alloc_lock, 1, __ATOMIC_ACQUIRE)) {}
     for (uint32_t i = 0; i < nallocs; i++)
-        if (allocs[i].id == id) { size = allocs[i].size; allocs[i] = allocs[--nallocs]; found = 1; break; }
+        if (allocs[i].id == id) { size = allocs[i].size; cg = allocs[i].cg; allocs[i] = allocs[--nallocs]; found = 1; break; }
     __atomic_store_n(&alloc_lock, 0, __ATOMIC_RELEASE);
     if (!found) return 1; /* CUDA_ERROR_INVALID_VALUE */
     struct fake_gpu *g = fake_gpu();
     fake_lock(g);
     g->memory_used -= size;
+    if (cg >= 0) g->cg_used[cg] -= size;
     fake_own_mem(g, -(int64_t)size);
     fake_unlock(g);
     return OK;

@@ -44,8 +44,9 @@ nvmlReturn_t nvmlInit(void) { return 0; }
 nvmlReturn_t nvmlShutdown(void) { return 0; }
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **dev) {
     if (strncmp(uuid, "GPU-", 4)) return 2; /* INVALID_ARGUMENT */
-    *dev = (void *)0x1;
-    return 0;
+    /* The handle is the card's UUID (kept for the life of the process). */
+    *dev = strdup(uuid);
+    return *dev ? 0 : 20;
 }
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *dev, unsigned *n, struct pinfo *out) {
     (void)dev;
@@ -93,3 +94,108 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(void *dev, struct util *u) {
     u->memory = 0;
     return 0;
 }
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *out, unsigned len) {
+    const char *v = getenv("FAKE_NVML_DRIVER");
+#ifdef FAKE_NVML_R580
+    if (!v) v = "580.159.04";
+#else
+    if (!v) v = "615.29.01";
+#endif
+    if (strlen(v) + 1 > len) return 7; /* INSUFFICIENT_SIZE */
+    memcpy(out, v, strlen(v) + 1);
+    return 0;
+}
+
+const char *nvmlErrorString(nvmlReturn_t rc) {
+    switch (rc) {
+    case 0: return "Success";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 6: return "Not Found";
+    case 17: return "Operating System Error";
+    default: return "Unknown Error";
+    }
+}
+
+#ifndef FAKE_NVML_R580
+/* Per-cgroup memory limits as nvml.h (CUDA 13.4+) documents them: the cgroup is its full sysfs
+ * path and must exist (OPERATING_SYSTEM otherwise); soft above hard, or a hard limit above the
+ * card's memory, is INVALID_ARGUMENT; soft 0 with hard NVML_DEVICE_MEMORY_LIMIT_MAX clears
+ * them; reading a cgroup without limits is NOT_FOUND. Kept in fake_gpu.h's limits directory,
+ * where the fake libcuda holds allocations to them. currentUsed is not known here (0). */
+typedef struct { const char *ns; unsigned long long soft, hard; } set_limits_t;
+typedef struct { const char *ns; unsigned long long soft, hard, used; } get_limits_t;
+
+/* The cgroup v2 root in this process's mount namespace. */
+static int cgroup2_root(char *out, size_t n) {
+    FILE *f = fopen("/proc/self/mountinfo", "r");
+    char line[1024];
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        char *sep = strstr(line, " - cgroup2 ");
+        if (!sep) continue;
+        char mnt[512];
+        if (sscanf(line, "%*s %*s %*s %*s %511s", mnt) == 1) { snprintf(out, n, "%s", mnt); found = 1; }
+    }
+    if (f) fclose(f);
+    return found;
+}
+
+/* The two files of cgroup `ns` (see fake_gpu.h); OPERATING_SYSTEM when it is no directory. */
+static int limits_files(const char *ns, char by_ino[1200], char by_path[1200]) {
+    struct stat st;
+    const char *d = fake_limits_dir();
+    if (!ns || stat(ns, &st) != 0 || !S_ISDIR(st.st_mode)) return 17;
+    if (!d) return 3;
+    snprintf(by_ino, 1200, "%s/ino-%llu", d, (unsigned long long)st.st_ino);
+    char root[512], key[700];
+    size_t len;
+    by_path[0] = 0;
+    if (cgroup2_root(root, sizeof root) && (len = strlen(root)) && !strncmp(ns, root, len) && ns[len] == '/') {
+        fake_path_key(ns + len, key, sizeof key);
+        snprintf(by_path, 1200, "%s/%s", d, key);
+    }
+    return 0;
+}
+
+static int write_limits(const char *path, const char *uuid, unsigned long long soft, unsigned long long hard) {
+    char tmp[1300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return 17;
+    fprintf(f, "%s %llu %llu\n", uuid, soft, hard);
+    fclose(f);
+    return rename(tmp, path) ? 17 : 0;
+}
+
+nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(void *dev, set_limits_t *l) {
+    char by_ino[1200], by_path[1200];
+    if (!dev || !l) return 2;
+    int rc = limits_files(l->ns, by_ino, by_path);
+    if (rc) return rc;
+    const char *m = getenv("FAKE_GPU_MEMORY_MIB");
+    unsigned long long total = (unsigned long long)(m ? atoll(m) : 16384) << 20;
+    if (l->soft > l->hard || (l->hard != FAKE_NO_LIMIT && l->hard > total) || l->soft > total) return 2;
+    if (l->soft == 0 && l->hard == FAKE_NO_LIMIT) {
+        unlink(by_ino);
+        if (by_path[0]) unlink(by_path);
+        return 0;
+    }
+    if (by_path[0] && (rc = write_limits(by_path, dev, l->soft, l->hard))) return rc;
+    return write_limits(by_ino, dev, l->soft, l->hard);
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(void *dev, get_limits_t *l) {
+    char by_ino[1200], by_path[1200], uuid[96];
+    if (!dev || !l) return 2;
+    int rc = limits_files(l->ns, by_ino, by_path);
+    if (rc) return rc;
+    FILE *f = fopen(by_ino, "r");
+    if (!f) return 6;
+    int n = fscanf(f, "%95s %llu %llu", uuid, &l->soft, &l->hard);
+    fclose(f);
+    l->used = 0;
+    return n == 3 ? 0 : 999;
+}
+#endif

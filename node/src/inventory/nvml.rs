@@ -90,6 +90,15 @@ pub(crate) fn mig_profile_name(
     }
 }
 
+/// The libnvidia-ml this process has loaded (`/proc/self/maps`).
+fn loaded_library() -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with("libnvidia-ml.so")))
+        .map(PathBuf::from)
+}
+
 impl NvmlSource {
     fn load(&self, lib: Option<&Path>) -> Result<Nvml, InventoryError> {
         let mut builder = Nvml::builder();
@@ -166,14 +175,19 @@ impl NvmlSource {
         }
     }
 
+    /// The `libnvidia-ml` NVML loads from, as this process sees it (loaded as [`Self::open`]
+    /// loads it): for the calls the wrapper lacks, loaded again from the same file.
+    pub fn library_path(&self) -> Result<PathBuf, InventoryError> {
+        let _nvml = self.open()?;
+        loaded_library().ok_or_else(|| InventoryError::NvmlUnavailable {
+            reason: "NVML loaded, but /proc/self/maps does not show from where".into(),
+        })
+    }
+
     /// The host directory this process loaded libnvidia-ml from (`/proc/self/maps`).
     fn loaded_dir(&self) -> Option<PathBuf> {
-        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-        let lib = maps
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(5))
-            .find(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with("libnvidia-ml.so")))?;
-        let dir = Path::new(lib).parent()?;
+        let lib = loaded_library()?;
+        let dir = lib.parent()?;
         let host = dir.strip_prefix(&self.host_root).ok()?;
         Some(Path::new("/").join(host))
     }
