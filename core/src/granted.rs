@@ -51,6 +51,22 @@ pub struct Granted {
     /// The user its process runs as, once seen at start (MPS serves one user per card).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<u32>,
+    /// A share whose memory the driver holds on the container's cgroup (r615+).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_memory: Option<CgroupMemory>,
+}
+
+/// A share's memory as the driver holds it on the container's cgroup: set when its process
+/// starts, cleared when it stops.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupMemory {
+    /// The card.
+    pub uuid: String,
+    /// The share's memory, MiB.
+    pub memory_mib: u64,
+    /// The cgroup (full sysfs path) whose limit is set, once set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<PathBuf>,
 }
 
 impl Granted {

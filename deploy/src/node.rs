@@ -115,6 +115,10 @@ impl<'a> Agents<'a> {
             format!("--metrics-listen=0.0.0.0:{NODE_METRICS_PORT}"),
             "--host-root=/host".into(),
             "--proc-root=/host/proc".into(),
+            // Where the driver holds memory per cgroup (r615+), a share's limit is set on its
+            // container's cgroup, found in the host's hierarchy (this container's own cgroup
+            // namespace shows only its own).
+            "--cgroup-root=/host/sys/fs/cgroup".into(),
         ];
         let mut mounts = vec![
             // The directory, not the socket: a runtime restart recreates it.

@@ -69,9 +69,12 @@ fn image(work: &Path) -> anyhow::Result<std::path::PathBuf> {
     // Every glibc package ships libpthread.so.0 and libdl.so.2 (stubs from 2.34 on); the
     // shipped hook, built for glibc 2.28, needs them, so an image like the ones users run has
     // them.
+    // The loader under its library directory too, as in distribution images: a dlmopen into
+    // a new namespace loads it by name.
     let compat = [
         "/lib/x86_64-linux-gnu/libpthread.so.0",
         "/lib/x86_64-linux-gnu/libdl.so.2",
+        "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
     ]
     .into_iter()
     .filter(|p| Path::new(p).exists());
@@ -386,6 +389,105 @@ async fn mps_mode_holds_a_containers_processes_together_on_containerd_2() -> any
     mps_mode_holds_a_containers_processes_together(Version::V2).await
 }
 
+/// Where the driver holds memory per cgroup (r615+), a share's processes together stay within
+/// its memory even when they go around the preloaded hook: three processes that load the
+/// driver with `dlmopen` into a link namespace of their own (where no preloaded library is)
+/// fill a 4 GiB share at once, against the fake driver, which charges each allocation to the
+/// cgroup of the process that makes it, as r615 does. The NRI plugin set the limit on the
+/// container's cgroup at its start, from the signed allocation; it goes with the container.
+/// Without the limit they hold three times the share.
+async fn per_cgroup_limits_hold_processes_that_bypass_the_hook(version: Version) -> anyhow::Result<()> {
+    use tessera_core::enforcement::MpsLayout;
+    use tessera_node::memory_limits::NvmlMemoryLimits;
+    let mut c = Containerd::start(version).await?;
+    let work = tempfile::tempdir()?;
+    let inv = node(work.path())?;
+    c.import_image(&image(work.path())?)?;
+    let hook = HookLayout::new(work.path().join("hook"));
+    assert!(hook.install(&common::hook_lib())?);
+    let mps = MpsLayout::new(work.path().join("mps"));
+    let _daemons = tessera_tests::mps::stand_in_daemons(mps.clone(), inv.gpus.iter().map(|g| g.uuid.clone()).collect());
+    let opts = SpecOptions {
+        dev_root: work.path().join("host"),
+        enforcement: ShareEnforcement::Mps,
+        hook: hook.clone(),
+        mps: mps.clone(),
+        ..Default::default()
+    };
+    write_spec(&c.cdi_dir(), SPEC_FILE, &spec::render(&inv, &opts)?.1)?;
+    let keys = SigningKeys::new("k1", [("k1".to_string(), vec![3u8; 32])])?;
+    let built = common::built();
+    let nvml = NvmlMemoryLimits::open(Some(&built.lib_dir.join("libnvidia-ml.so.1")))?;
+    let (stop_tx, task, plugin) =
+        start_plugin_with(&c, &keys, ShareEnforcement::Mps, (mps, hook), Some(Arc::new(nvml))).await?;
+    let p = pod(&mut c, &keys, "bypass", AllocatedDevice::share(&inv.gpus[0], 30, 4096)).await?;
+    let amounts = [("gpu-core", "30"), ("gpu-memory", "4"), ("gpu-memory-mib", "4096")];
+    let three = (0..3)
+        .map(|_| "/bin/client fill 256 3000 &")
+        .collect::<Vec<_>>()
+        .join(" ");
+    let limits = built.lib_dir.join("limits");
+    let spec = amounts.iter().fold(
+        ContainerSpec::new("main", &["sh", "-c", &format!("{three} wait")])
+            .image(IMAGE)
+            .env("FAKE_GPU_STATE", "/tmp/fake-gpu")
+            .env("FAKE_GPU_MEMORY_MIB", "16384")
+            .env("CLIENT_DLMOPEN", "1")
+            .env("FAKE_NVML_LIMITS", "/run/fake-nvml-limits")
+            .ro_mount(&limits.display().to_string(), "/run/fake-nvml-limits"),
+        |s, (k, v)| s.annotation(&format!("tessera.io/allocated.{k}"), v),
+    );
+    let cid = c.create_container(&p, spec).await?;
+    c.start_container(&cid).await?;
+    let held = plugin
+        .tracked()
+        .get(&cid)
+        .and_then(|t| t.cgroup_memory.clone())
+        .and_then(|m| m.cgroup)
+        .expect("the limit is set before the container starts");
+    let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&held)?);
+    let file = limits.join(format!("ino-{ino}"));
+    let set = std::fs::read_to_string(&file)?;
+    assert!(set.ends_with(" 4294967296 4294967296\n"), "{set:?}");
+    let (code, out) = c.wait_for_exit(&cid).await?;
+    assert_eq!(code, 0, "{out}");
+    let each: Vec<u64> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("allocated_mib="))
+        .map(|v| v.trim().parse().unwrap())
+        .collect();
+    assert_eq!(each.len(), 3, "{out}");
+    let together: u64 = each.iter().sum();
+    assert!(
+        (3584..=4096).contains(&together),
+        "three processes around the hook held {together} MiB of a 4 GiB share together ({each:?})"
+    );
+    // Gone with the container: cleared at its stop (containerd 2 tells NRI of an exit), or
+    // with its cgroup, which takes its limits along (NVML's documentation; containerd 1.7
+    // tells NRI nothing until the container is removed, after its cgroup).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while file.exists() && held.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the exited container's limit stays"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = stop_tx.send(());
+    task.await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_cgroup_limits_hold_processes_that_bypass_the_hook_on_containerd_1_7() -> anyhow::Result<()> {
+    per_cgroup_limits_hold_processes_that_bypass_the_hook(Version::V1_7).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_cgroup_limits_hold_processes_that_bypass_the_hook_on_containerd_2() -> anyhow::Result<()> {
+    per_cgroup_limits_hold_processes_that_bypass_the_hook(Version::V2).await
+}
+
 /// Runs the NRI plugin (in `enforcement`, with `layouts`) against `c` until the returned sender
 /// is dropped or sent to; returns once it has synchronised.
 async fn start_plugin(
@@ -394,7 +496,26 @@ async fn start_plugin(
     enforcement: ShareEnforcement,
     (mps, hook): (tessera_core::enforcement::MpsLayout, HookLayout),
 ) -> anyhow::Result<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>)> {
-    let plugin = Arc::new(TesseraPlugin::new(PluginConfig {
+    start_plugin_with(c, keys, enforcement, (mps, hook), None)
+        .await
+        .map(|(stop, task, _)| (stop, task))
+}
+
+type Started = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+    Arc<TesseraPlugin>,
+);
+
+/// [`start_plugin`], holding shares' memory per cgroup through `per_cgroup` when given.
+async fn start_plugin_with(
+    c: &Containerd,
+    keys: &SigningKeys,
+    enforcement: ShareEnforcement,
+    (mps, hook): (tessera_core::enforcement::MpsLayout, HookLayout),
+    per_cgroup: Option<Arc<dyn tessera_node::memory_limits::CgroupMemoryLimits>>,
+) -> anyhow::Result<Started> {
+    let mut plugin = TesseraPlugin::new(PluginConfig {
         node: NODE.into(),
         keys: keys.verifying(),
         cdi_dirs: vec![c.cdi_dir()],
@@ -402,16 +523,21 @@ async fn start_plugin(
         mps,
         hook,
         claims: Default::default(),
-    }));
+    });
+    if let Some(limits) = per_cgroup {
+        let root = tessera_node::memory_limits::cgroup2_root().expect("a cgroup v2 hierarchy");
+        plugin = plugin.holding_memory_per_cgroup(limits, root);
+    }
+    let plugin = Arc::new(plugin);
     let mut synced = plugin.synchronized();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let id = Identity {
         name: "tessera".into(),
         idx: "10".into(),
     };
-    let task = tokio::spawn(session::run_external(c.nri_socket(), id, plugin, async move {
+    let task = tokio::spawn(session::run_external(c.nri_socket(), id, plugin.clone(), async move {
         let _ = stop_rx.await;
     }));
     tokio::time::timeout(Duration::from_secs(15), synced.wait_for(|n| *n > 0)).await??;
-    Ok((stop_tx, task))
+    Ok((stop_tx, task, plugin))
 }

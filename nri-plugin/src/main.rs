@@ -69,6 +69,29 @@ struct RunArgs {
     /// Read GPU telemetry from this file instead of NVML (tests, GPU-less machines).
     #[arg(long)]
     telemetry_fixture: Option<PathBuf>,
+    /// Hold each share's GPU memory on its container's cgroup through the driver (NVIDIA
+    /// r615+, cgroup v2): `auto` where the driver and kernel have it, `on` (do not run
+    /// without it), `off`.
+    #[arg(long, env = "TESSERA_CGROUP_MEMORY_LIMITS", default_value = "auto")]
+    cgroup_memory_limits: CgroupMemoryLimits,
+    /// Where the host's cgroup v2 hierarchy is, as this process sees it.
+    #[arg(long, default_value = "/sys/fs/cgroup", value_parser = host_path)]
+    cgroup_root: PathBuf,
+    /// The libnvidia-ml to set those limits through (default: the driver's, found under the
+    /// host root).
+    #[arg(long, value_parser = host_path)]
+    nvml_library: Option<PathBuf>,
+}
+
+/// Whether shares' memory is held on their containers' cgroups.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum CgroupMemoryLimits {
+    /// Where the driver and kernel have per-cgroup limits.
+    Auto,
+    /// Always; the plugin does not run where they are missing.
+    On,
+    /// Never.
+    Off,
 }
 
 #[derive(Parser, Clone)]
@@ -200,6 +223,9 @@ async fn plugin(args: &RunArgs) -> anyhow::Result<Arc<TesseraPlugin>> {
     .reloading_keys_from(args.keys_dir.clone())
     .recording_grants_in(tessera_core::granted::GrantStore::new(&args.grants_dir))
     .reading_users_under(args.proc_root.clone());
+    if let Some(limits) = per_cgroup_limits(args)? {
+        plugin = plugin.holding_memory_per_cgroup(Arc::new(limits), args.cgroup_root.clone());
+    }
     // A DRA claim shared by pods scheduled after it was prepared: their reservations are read
     // on the API server (kube's TLS needs one crypto provider for the process).
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -213,6 +239,37 @@ async fn plugin(args: &RunArgs) -> anyhow::Result<Arc<TesseraPlugin>> {
         ),
     }
     Ok(Arc::new(plugin))
+}
+
+/// The driver's per-cgroup memory limits, as `--cgroup-memory-limits` asks and the node has.
+fn per_cgroup_limits(args: &RunArgs) -> anyhow::Result<Option<tessera_node::memory_limits::NvmlMemoryLimits>> {
+    use tessera_node::memory_limits::probe;
+    if args.cgroup_memory_limits == CgroupMemoryLimits::Off {
+        tracing::info!("shares' memory is not held per cgroup (--cgroup-memory-limits off)");
+        return Ok(None);
+    }
+    let library = args.nvml_library.clone().or_else(|| {
+        tessera_node::inventory::NvmlSource {
+            host_root: args.host_root.clone(),
+            ..Default::default()
+        }
+        .library_path()
+        .ok()
+    });
+    let (support, limits) = probe(library.as_deref(), &args.cgroup_root);
+    match limits {
+        Some(limits) => {
+            tracing::info!(%support, "each share's GPU memory is held on its container's cgroup");
+            Ok(Some(limits))
+        }
+        None if args.cgroup_memory_limits == CgroupMemoryLimits::On => {
+            anyhow::bail!("--cgroup-memory-limits on, but this node's GPU memory limits are {support}")
+        }
+        None => {
+            tracing::info!(%support, "shares' GPU memory is held by MPS and the CUDA hook");
+            Ok(None)
+        }
+    }
 }
 
 /// The metrics' sources: the telemetry fixture, else NVML (without it, allocations only).

@@ -103,7 +103,9 @@ static void load(void) {
 #ifdef LINKED
     gpa = cuGetProcAddress_v2;
 #else
-    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    /* $CLIENT_DLMOPEN: the driver loaded into a link namespace of its own, where no preloaded
+     * library is (how a program goes around an LD_PRELOAD hook). */
+    void *h = getenv("CLIENT_DLMOPEN") ? dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW) : dlopen("libcuda.so.1", RTLD_NOW);
     if (!h) { printf("error=%s\n", dlerror()); exit(3); }
     gpa = (gpa_t)dlsym(h, "cuGetProcAddress_v2");
     if (!gpa) { printf("error=no cuGetProcAddress_v2\n"); exit(3); }

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 pub struct Built {
     _dir: tempfile::TempDir,
     /// Where they are: libcuda.so.1, libnvidia-ml.so.1, client_dl, client_linked,
-    /// replay_lookups.
+    /// replay_lookups; `limits/`, the fake NVML's per-cgroup limits.
     pub lib_dir: PathBuf,
 }
 
@@ -49,11 +49,15 @@ pub fn built() -> &'static Built {
             &s("fake_cuda.c"),
         ]);
         std::os::unix::fs::symlink("libcuda.so.1", d.join("libcuda.so")).unwrap();
+        // As an r615+ driver: per-cgroup limits kept in `limits/` (the fake libcuda holds a
+        // container's allocations to them where the container sees that directory).
+        std::fs::create_dir(d.join("limits")).unwrap();
         cc(&[
             "-shared",
             "-fPIC",
             "-O2",
             &inc,
+            &format!("-DFAKE_NVML_LIMITS_DIR=\"{}\"", d.join("limits").display()),
             "-o",
             &o("libnvidia-ml.so.1"),
             &s("fake_nvml.c"),

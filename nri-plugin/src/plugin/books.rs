@@ -169,16 +169,22 @@ impl TesseraPlugin {
     /// Marks a container stopped: the node's metrics no longer count it, and its card's MPS
     /// ceiling no longer covers it.
     pub fn stopped(&self, id: &str) {
-        if let Some(s) = self.books.update(id, |t| t.stopped = true).and_then(|t| t.mps_share) {
+        let Some(t) = self.books.update(id, |t| t.stopped = true) else {
+            return;
+        };
+        if let Some(s) = t.mps_share {
             self.set_ceiling(&s.uuid);
         }
+        self.unlimit_memory(id, t.cgroup_memory);
     }
 
     pub(super) fn forget(&self, container: Option<&api::Container>) {
         if let Some(c) = container {
-            if let Some(s) = self.books.remove(&c.id).and_then(|t| t.mps_share) {
+            let gone = self.books.remove(&c.id);
+            if let Some(s) = gone.as_ref().and_then(|t| t.mps_share.as_ref()) {
                 self.set_ceiling(&s.uuid);
             }
+            self.unlimit_memory(&c.id, gone.and_then(|t| t.cgroup_memory));
             if self.config.enforcement.preloads_hook() {
                 self.pids.stop(&c.id);
                 let _ = std::fs::remove_dir_all(self.config.hook.container_dir(&c.id));
@@ -281,6 +287,9 @@ impl TesseraPlugin {
             mps_share: share.filter(|_| mps),
             claims,
             user: None,
+            // Granted again to a container already running: its limit, if one was set, stays
+            // on its cgroup until that goes.
+            cgroup_memory: None,
         })
     }
 

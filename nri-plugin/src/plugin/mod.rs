@@ -2,13 +2,14 @@
 //!
 //! CreateContainer verifies a container's grant (the pod's signed allocation, or the DRA
 //! claims the kubelet handed it) and answers with the adjustment; StartContainer holds MPS's
-//! one user per card; Stop and Remove free what a container held; Synchronize (split syncs
+//! one user per card and sets a share's memory limit on its cgroup where the driver has them;
+//! Stop and Remove free what a container held; Synchronize (split syncs
 //! included) rebuilds the books after a restart. Every generated method is overridden:
 //! unhandled ones answer UNIMPLEMENTED, which lets newer runtimes fall back to StateChange.
 //!
 //! The parts: the hand-off keys ([`keys`]), the books of live containers with their grant
 //! records and each card's MPS ceiling (`books`), the claims' reservations (`claims`), the MPS
-//! user rule (`users`).
+//! user rule (`users`), the per-cgroup memory limits (`memory`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -31,6 +32,7 @@ use crate::cdi::CdiResolver;
 mod books;
 mod claims;
 pub mod keys;
+mod memory;
 mod users;
 
 pub use claims::{ApiReservations, Reservations};
@@ -94,6 +96,8 @@ pub struct TesseraPlugin {
     reservations: claims::Reserved,
     /// The host's /proc (a starting share's user is read there).
     proc_root: PathBuf,
+    /// Where the driver holds memory per cgroup: its limits, set on each share's container.
+    per_cgroup: Option<memory::PerCgroup>,
 }
 
 /// How long a container's creation may take to decide, under containerd's 2 s
@@ -128,6 +132,7 @@ impl TesseraPlugin {
             pids: Default::default(),
             reservations: claims::Reserved::default(),
             proc_root: PathBuf::from("/proc"),
+            per_cgroup: None,
         }
     }
 
@@ -143,6 +148,17 @@ impl TesseraPlugin {
     /// (a claim shared by pods scheduled after it was prepared).
     pub fn looking_up_reservations(mut self, source: std::sync::Arc<dyn Reservations>) -> Self {
         self.reservations = claims::Reserved::with(source);
+        self
+    }
+
+    /// Holds each share's memory on its container's cgroup through `limits` (the driver's,
+    /// r615+), the host's cgroup v2 hierarchy being at `cgroup_root`.
+    pub fn holding_memory_per_cgroup(
+        mut self,
+        limits: std::sync::Arc<dyn tessera_node::memory_limits::CgroupMemoryLimits>,
+        cgroup_root: PathBuf,
+    ) -> Self {
+        self.per_cgroup = Some(memory::PerCgroup { limits, cgroup_root });
         self
     }
 
@@ -267,6 +283,7 @@ impl TesseraPlugin {
             mps_share: grant.share.clone().filter(|_| mps),
             claims: grant.claims.clone(),
             user: None,
+            cgroup_memory: self.cgroup_memory_of(grant.share.as_ref()),
         };
         self.books.admit(&container.id, tracked)?;
         if mps && let Some(limits) = &grant.share {
@@ -342,7 +359,8 @@ impl TesseraPlugin {
 impl TesseraPlugin {
     /// StartContainer, however the runtime sends it.
     fn start(&self, pod: &api::PodSandbox, container: &api::Container) -> ttrpc::Result<()> {
-        self.starting(container).map_err(|msg| {
+        let started = self.starting(container).and_then(|()| self.limit_memory(container));
+        started.map_err(|msg| {
             warn!(
                 pod = pod.name,
                 container = container.name,

@@ -358,14 +358,14 @@ fn subscribes_only_to_old_events() {
 /// A node for the tests below: a fixture's cards and their CDI spec, the DRA records, the
 /// MPS daemons' states (every card's daemon ready, holding whatever ceiling is wanted), the
 /// grant records and a /proc of its own.
-struct Node {
-    dir: tempfile::TempDir,
-    inv: tessera_core::inventory::NodeInventory,
+pub(super) struct Node {
+    pub(super) dir: tempfile::TempDir,
+    pub(super) inv: tessera_core::inventory::NodeInventory,
     keys: tessera_core::handoff::SigningKeys,
 }
 
 impl Node {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         use tessera_cdi_generator::spec::{self, SpecOptions};
         use tessera_core::inventory::{FixtureSource, InventorySource};
         let dir = tempfile::tempdir().unwrap();
@@ -385,12 +385,12 @@ impl Node {
         MpsLayout::new(self.dir.path().join("mps"))
     }
 
-    fn proc_root(&self) -> PathBuf {
+    pub(super) fn proc_root(&self) -> PathBuf {
         self.dir.path().join("proc")
     }
 
     /// A plugin of this node, as the DaemonSet runs it (grant records kept), started anew.
-    fn plugin(&self, enforcement: ShareEnforcement) -> TesseraPlugin {
+    pub(super) fn plugin(&self, enforcement: ShareEnforcement) -> TesseraPlugin {
         TesseraPlugin::new(PluginConfig {
             node: "n".into(),
             keys: self.keys.verifying(),
@@ -406,7 +406,7 @@ impl Node {
 
     /// Every card's MPS daemon ready, holding the ceiling the plugin wants (as the supervisor
     /// does within 100 ms), and the CUDA hook installed (as the CDI generator does).
-    fn daemons_hold_the_wanted_ceilings(&self) {
+    pub(super) fn daemons_hold_the_wanted_ceilings(&self) {
         let library = self.dir.path().join("libtessera-cuda-hook.so");
         std::fs::write(&library, b"the hook").unwrap();
         HookLayout::new(self.dir.path().join("hook")).install(&library).unwrap();
@@ -415,7 +415,12 @@ impl Node {
 
     /// Pod `name` (uid `uid-<name>`) signed `device` for its container `c`, and that container
     /// (id `ctr-<name>`) with `env`.
-    fn signed(&self, name: &str, device: AllocatedDevice, env: &[&str]) -> (api::PodSandbox, api::Container) {
+    pub(super) fn signed(
+        &self,
+        name: &str,
+        device: AllocatedDevice,
+        env: &[&str],
+    ) -> (api::PodSandbox, api::Container) {
         use tessera_core::handoff::{Allocation, ContainerAllocation};
         use tessera_core::names::{ANNOTATION_ALLOCATION, ANNOTATION_ALLOCATION_SIGNATURE};
         let uid = format!("uid-{name}");

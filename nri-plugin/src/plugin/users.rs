@@ -24,7 +24,7 @@ fn uid_of(proc_root: &Path, pid: u32) -> Option<u32> {
 }
 
 /// A process of container `id`: `pid` when the runtime gave it, else one found by its cgroup.
-fn process_of(proc_root: &Path, id: &str, pid: u32) -> Option<u32> {
+pub(super) fn process_of(proc_root: &Path, id: &str, pid: u32) -> Option<u32> {
     if pid != 0 {
         return Some(pid);
     }

@@ -56,6 +56,8 @@ pub struct ContainerSpec {
     pub image: Option<String>,
     /// The user the process runs as (CRI `run_as_user`).
     pub run_as_user: Option<i64>,
+    /// Read-only bind mounts: (host path, container path).
+    pub ro_mounts: Vec<(String, String)>,
 }
 
 impl ContainerSpec {
@@ -66,6 +68,12 @@ impl ContainerSpec {
             command: command.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
         }
+    }
+
+    /// Binds host path `host` read-only at `container`.
+    pub fn ro_mount(mut self, host: &str, container: &str) -> Self {
+        self.ro_mounts.push((host.into(), container.into()));
+        self
     }
 
     /// Adds an environment variable.
@@ -383,6 +391,15 @@ impl Containerd {
                 .map(|(key, value)| cri::KeyValue { key, value })
                 .collect(),
             annotations: spec.annotations.into_iter().collect(),
+            mounts: spec
+                .ro_mounts
+                .into_iter()
+                .map(|(host_path, container_path)| cri::Mount {
+                    container_path,
+                    host_path,
+                    readonly: true,
+                })
+                .collect(),
             log_path: format!("{}.log", spec.name),
             cdi_devices: spec
                 .cdi_devices
