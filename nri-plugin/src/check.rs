@@ -69,6 +69,10 @@ pub struct CheckOptions {
     pub mps: MpsLayout,
     /// Where the CUDA hook is installed.
     pub hook: HookLayout,
+    /// Where the host's cgroup v2 hierarchy is.
+    pub cgroup_root: PathBuf,
+    /// The libnvidia-ml to ask about per-cgroup memory limits (default: the driver's).
+    pub nvml_library: Option<PathBuf>,
 }
 
 fn finding(level: Level, what: &'static str, detail: impl Into<String>) -> Finding {
@@ -86,6 +90,7 @@ pub fn run(opts: &CheckOptions) -> Vec<Finding> {
     out.push(check_cdi(&opts.cdi_dirs, &opts.host_root));
     out.push(check_driver(opts));
     out.push(check_enforcement(opts));
+    out.push(check_share_memory(opts));
     out.push(check_keys(&opts.keys_dir));
     out
 }
@@ -153,6 +158,46 @@ fn check_enforcement(opts: &CheckOptions) -> Finding {
             }
         }
     }
+}
+
+/// How the share cards' memory is held: per cgroup by the driver (r615+), else by the CUDA
+/// hook per container (and MPS per process), with what that leaves open.
+fn check_share_memory(opts: &CheckOptions) -> Finding {
+    use tessera_node::memory_limits::{Support, probe};
+    let what = "share memory";
+    let cards = share_cards(&opts.cdi_dirs);
+    if opts.enforcement == ShareEnforcement::None || cards.is_empty() {
+        return finding(Level::Ok, what, "no share device in the CDI spec, or shares unenforced");
+    }
+    let library = opts.nvml_library.clone().or_else(|| {
+        tessera_node::inventory::NvmlSource {
+            host_root: opts.host_root.clone(),
+            driver_root: opts.driver_root.clone(),
+            ..Default::default()
+        }
+        .library_path()
+        .ok()
+    });
+    let (support, _) = probe(library.as_deref(), &opts.cgroup_root);
+    let held = match (&support, opts.enforcement) {
+        (Support::PerCgroup { .. }, _) => {
+            "each share container's processes allocate from one budget the driver holds on its cgroup \
+             (set at its start; tessera-nri-plugin run --cgroup-memory-limits auto or on)"
+        }
+        (_, ShareEnforcement::Mps) => {
+            "held per container by the CUDA hook and per process by MPS: a process that goes around \
+             the hook (dlmopen, a static binary) is held by MPS alone (docs/threat-model.md)"
+        }
+        _ => {
+            "held per container by the CUDA hook alone: a process that goes around it (dlmopen, a \
+             static binary) is not held (docs/threat-model.md)"
+        }
+    };
+    finding(
+        Level::Ok,
+        what,
+        format!("card(s) {}: {support}; {held}", cards.join(", ")),
+    )
 }
 
 /// What the supervisor read of the share cards' compute modes, when any card is not known to

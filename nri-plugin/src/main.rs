@@ -129,6 +129,13 @@ struct CheckArgs {
     /// Where the CUDA hook is installed (hook mode).
     #[arg(long, env = "TESSERA_HOOK_ROOT", default_value = DEFAULT_HOOK_ROOT, value_parser = host_path)]
     hook_root: PathBuf,
+    /// Where the host's cgroup v2 hierarchy is, as this process sees it.
+    #[arg(long, default_value = "/sys/fs/cgroup", value_parser = host_path)]
+    cgroup_root: PathBuf,
+    /// The libnvidia-ml to ask about per-cgroup memory limits (default: the driver's, found
+    /// under the host root).
+    #[arg(long, value_parser = host_path)]
+    nvml_library: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Clone)]
@@ -171,6 +178,8 @@ fn check(args: CheckArgs) -> anyhow::Result<()> {
         enforcement: args.share_enforcement,
         mps: MpsLayout::new(args.mps_root),
         hook: HookLayout::new(args.hook_root),
+        cgroup_root: args.cgroup_root,
+        nvml_library: args.nvml_library,
     });
     let mut report: String = findings.iter().map(|f| format!("{f}\n")).collect();
     let failed = findings.iter().filter(|f| f.level == Level::Fail).count();

@@ -79,6 +79,8 @@ fn a_bare_node_fails_every_node_check_with_a_reason() {
         enforcement: ShareEnforcement::None,
         mps: MpsLayout::new(dir.path().join("mps")),
         hook: HookLayout::default(),
+        cgroup_root: dir.path().join("no-cgroup"),
+        nvml_library: None,
     });
     assert_eq!(
         levels(&f),
@@ -88,6 +90,7 @@ fn a_bare_node_fails_every_node_check_with_a_reason() {
             ("CDI spec", Level::Fail),
             ("NVIDIA driver", Level::Fail),
             ("share limits", Level::Warn),
+            ("share memory", Level::Ok),
             ("hand-off keys", Level::Fail),
         ]
     );
@@ -128,6 +131,8 @@ fn a_node_without_libcuda_is_not_ready() {
         enforcement: ShareEnforcement::None,
         mps: MpsLayout::new(host.join("mps")),
         hook: HookLayout::default(),
+        cgroup_root: host.join("no-cgroup"),
+        nvml_library: None,
     };
     let f = run(&opts);
     let get = |f: &[Finding], what: &str| f.iter().find(|x| x.what == what).cloned().unwrap();
@@ -204,6 +209,8 @@ fn mps_nodes_need_a_ready_daemon_per_shared_card() {
             enforcement: ShareEnforcement::Mps,
             mps: layout.clone(),
             hook: hook.clone(),
+            cgroup_root: dir.path().join("no-cgroup"),
+            nvml_library: None,
         })
     };
     // The CUDA hook holds a share's processes to its memory together: not installed, refused.
@@ -273,4 +280,71 @@ fn the_key_check_refuses_a_private_key_on_a_node_and_names_the_kind() {
     let f = check(&[("k1", b"MCowBQYDK2VwAyEA08aWN5LIdbKCx0D+TD4GJ9t0rC0XafHceh6LUkdbq3M=\n")]);
     assert_eq!(f.level, Level::Fail, "{f}");
     assert!(f.detail.contains("without its PEM lines"), "{f}");
+}
+
+/// `check` says how the share cards' memory is held: per cgroup where the driver (here the
+/// hook tests' fake r615 NVML) and a cgroup v2 hierarchy have it, else by the hook (and MPS),
+/// naming what goes around it.
+#[test]
+fn share_memory_is_said_per_cgroup_or_by_the_hook() {
+    use tessera_core::inventory::{FixtureSource, InventorySource};
+    let dir = tempfile::tempdir().unwrap();
+    let cdi = dir.path().join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    let inv = FixtureSource::new("t4x2").discover().unwrap();
+    let spec = tessera_cdi_generator::spec::SpecOptions {
+        enforcement: ShareEnforcement::Mps,
+        ..Default::default()
+    };
+    let (_, text) = tessera_cdi_generator::spec::render(&inv, &spec).unwrap();
+    std::fs::write(cdi.join("tessera.io-gpu.json"), text).unwrap();
+    let src = root().join("hook/tests/c");
+    let nvml = dir.path().join("libnvidia-ml.so.1");
+    let cc = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2"])
+        .arg(format!("-I{}", src.display()))
+        .arg("-o")
+        .arg(&nvml)
+        .arg(src.join("fake_nvml.c"))
+        .status()
+        .unwrap();
+    assert!(cc.success());
+    let cgroup = dir.path().join("cgroup");
+    std::fs::create_dir_all(&cgroup).unwrap();
+    std::fs::write(cgroup.join("cgroup.controllers"), "cpu memory dmem\n").unwrap();
+    let opts = |enforcement, cgroup_root: &Path| CheckOptions {
+        socket: dir.path().join("nri.sock"),
+        containerd_config: dir.path().join("none"),
+        crio_config: dir.path().join("none"),
+        cdi_dirs: vec![cdi.clone()],
+        keys_dir: dir.path().join("keys"),
+        host_root: dir.path().to_path_buf(),
+        driver_root: None,
+        dev_root: dir.path().to_path_buf(),
+        enforcement,
+        mps: MpsLayout::new(dir.path().join("mps")),
+        hook: HookLayout::default(),
+        cgroup_root: cgroup_root.to_path_buf(),
+        nvml_library: Some(nvml.clone()),
+    };
+    let f = check_share_memory(&opts(ShareEnforcement::Mps, &cgroup));
+    assert!(
+        f.detail.contains(&inv.gpus[0].uuid) && f.detail.contains(&inv.gpus[1].uuid),
+        "{f}"
+    );
+    assert!(
+        f.detail
+            .contains("per cgroup (driver 615.29.01, the kernel's dmem controller)")
+            && f.detail.contains("one budget the driver holds on its cgroup"),
+        "{f}"
+    );
+    let v1 = dir.path().join("v1");
+    std::fs::create_dir_all(&v1).unwrap();
+    let f = check_share_memory(&opts(ShareEnforcement::Mps, &v1));
+    assert!(
+        f.detail.contains("not a cgroup v2 hierarchy") && f.detail.contains("held by MPS alone"),
+        "{f}"
+    );
+    let f = check_share_memory(&opts(ShareEnforcement::Hook, &v1));
+    assert!(f.detail.contains("by the CUDA hook alone"), "{f}");
 }
