@@ -28,6 +28,8 @@ pub struct DaemonConfig {
     /// mounts exists there. `None` skips that check (fixture specs in tests, which name files
     /// of no machine).
     pub check_host_paths: Option<PathBuf>,
+    /// How the driver holds share memory, published with the inventory (`None`: not said).
+    pub share_memory: Option<tessera_core::inventory::ShareMemory>,
 }
 
 /// Where driver bundles are made.
@@ -211,7 +213,15 @@ pub async fn run(
                 if let (Some(client), Some(node)) = (&client, &config.node_name)
                     && published.as_ref() != Some(&inventory)
                 {
-                    match crate::publish::publish(client.clone(), node, &inventory, config.spec.enforcement).await {
+                    match crate::publish::publish(
+                        client.clone(),
+                        node,
+                        &inventory,
+                        config.spec.enforcement,
+                        config.share_memory.as_ref(),
+                    )
+                    .await
+                    {
                         Ok(()) => {
                             info!(node, "inventory published");
                             published = Some(inventory);

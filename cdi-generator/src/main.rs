@@ -46,6 +46,33 @@ struct SourceArgs {
     nvml_library: Option<PathBuf>,
 }
 
+impl SourceArgs {
+    /// How the driver holds share memory, for the published inventory (NVML's, not a
+    /// fixture's: `None` with `--fixture`). The host's cgroup hierarchy is under the host root.
+    fn share_memory(&self) -> Option<tessera_core::inventory::ShareMemory> {
+        if self.fixture.is_some() {
+            return None;
+        }
+        let library = self.nvml_library.clone().or_else(|| {
+            tessera_node::inventory::NvmlSource {
+                host_root: self.host_root.clone(),
+                driver_root: self.driver_root.clone(),
+                ..Default::default()
+            }
+            .library_path()
+            .ok()
+        });
+        let held =
+            tessera_cdi_generator::publish::share_memory(library.as_deref(), &self.host_root.join("sys/fs/cgroup"));
+        tracing::info!(
+            per_cgroup = held.per_cgroup,
+            detail = held.detail,
+            "how the driver holds share memory"
+        );
+        Some(held)
+    }
+}
+
 /// How the node holds shares; the same setting the NRI plugin and the MPS supervisor read.
 #[derive(Args, Clone)]
 struct EnforcementArgs {
@@ -290,6 +317,7 @@ async fn main() -> anyhow::Result<()> {
                 node_name,
                 bundle: enforcement.bundle(&source),
                 check_host_paths: Some(source.host_root.clone()),
+                share_memory: source.share_memory(),
             };
             daemon::run(source.source(), watch, config).await
         }

@@ -129,6 +129,7 @@ fn no_spec_without_libcuda_and_the_node_is_published_not_ready() {
         node_name: None,
         bundle: None,
         check_host_paths: None,
+        share_memory: None,
     };
     let source = FixtureSource::new(&fixture);
     let mut g = Generator::default();

@@ -32,6 +32,7 @@ fn fixture_daemon(cdi_dir: std::path::PathBuf, secs: u64) -> DaemonConfig {
         node_name: None,
         bundle: None,
         check_host_paths: None,
+        share_memory: None,
     }
 }
 

@@ -33,6 +33,19 @@ pub struct PublishedInventory {
         deserialize_with = "crate::topology::deserialize_lenient"
     )]
     pub topology: Option<GpuTopology>,
+    /// How the driver holds share containers' GPU memory (absent: the node did not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_memory: Option<ShareMemory>,
+}
+
+/// Whether a node's driver holds each container's GPU memory on its cgroup (NVIDIA r615+), and
+/// what the node found (the driver's version and backend, or why not).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareMemory {
+    /// The driver sets limits per cgroup.
+    pub per_cgroup: bool,
+    /// The node's words, e.g. `per cgroup (driver 615.29.01, the kernel's dmem controller)`.
+    pub detail: String,
 }
 
 impl PublishedInventory {
@@ -45,7 +58,14 @@ impl PublishedInventory {
             not_ready: inventory.driver_check().err(),
             share_enforcement: ShareEnforcement::Unknown,
             topology: inventory.topology.clone(),
+            share_memory: None,
         }
+    }
+
+    /// The same, saying how the driver holds share memory.
+    pub fn holding_share_memory(mut self, held: Option<ShareMemory>) -> Self {
+        self.share_memory = held;
+        self
     }
 
     /// The same, saying how the node enforces shares.

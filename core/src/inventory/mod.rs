@@ -19,7 +19,7 @@ use crate::mig::MigProfile;
 use crate::topology::GpuTopology;
 
 pub use crate::driver::{DriverFile, DriverFileKind, FoundBy};
-pub use annotation::{INVENTORY_VERSION, PublishedInventory};
+pub use annotation::{INVENTORY_VERSION, PublishedInventory, ShareMemory};
 pub use error::InventoryError;
 pub use fixture::{BUILTIN_FIXTURES, Fixture, FixtureMigInstances, FixtureSource, HealthEvent, cap_path};
 pub use mig_error::MigError;

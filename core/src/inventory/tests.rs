@@ -200,6 +200,23 @@ fn published_annotation_round_trips_and_checks_version() {
     assert!(PublishedInventory::decode("{}").is_err());
 }
 
+/// How the driver holds share memory travels with the inventory; a node that does not say
+/// (an older one) decodes as not saying.
+#[test]
+fn published_share_memory_round_trips_and_is_optional() {
+    let inv = builtin("h100x8");
+    let said = PublishedInventory::of(&inv).holding_share_memory(Some(ShareMemory {
+        per_cgroup: true,
+        detail: "per cgroup (driver 615.29.01, the kernel's dmem controller)".into(),
+    }));
+    let text = said.encode();
+    assert!(text.contains("\"share_memory\":{\"per_cgroup\":true"), "{text}");
+    assert_eq!(PublishedInventory::decode(&text).unwrap(), said);
+    let silent = PublishedInventory::of(&inv);
+    assert!(!silent.encode().contains("share_memory"));
+    assert_eq!(PublishedInventory::decode(&silent.encode()).unwrap().share_memory, None);
+}
+
 #[test]
 fn model_constraints() {
     let gpu_model = "NVIDIA A100-SXM4-40GB";
