@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tessera_core::dra::{self, ClaimStore, DRIVER};
 use tessera_core::handoff::AllocatedDevice;
 use tessera_core::inventory::FixtureSource;
-use tessera_dra_plugin::driver::ClaimSource;
+use tessera_dra_plugin::driver::{ClaimSource, SourceError};
 use tessera_dra_plugin::service::{self, Config};
 use tessera_proto::dra as api;
 use tessera_proto::dra::dra_plugin_client::DraPluginClient;
@@ -33,14 +33,16 @@ struct FakeClaims {
 
 #[tonic::async_trait]
 impl ClaimSource for FakeClaims {
-    async fn get(&self, namespace: &str, name: &str) -> Result<resource::ResourceClaim, String> {
+    async fn get(&self, namespace: &str, name: &str) -> Result<resource::ResourceClaim, SourceError> {
         *self.reads.lock().unwrap() += 1;
         self.claims
             .lock()
             .unwrap()
             .get(&format!("{namespace}/{name}"))
             .cloned()
-            .ok_or_else(|| format!("claim {namespace}/{name} not found"))
+            .ok_or_else(|| SourceError::NotFound {
+                what: format!("claim {namespace}/{name}"),
+            })
     }
 }
 

@@ -7,7 +7,7 @@ use tessera_core::handoff::AllocatedDevice;
 use tessera_core::inventory::{InventorySource, MadeInstance, NodeInventory};
 use tracing::{info, warn};
 
-use super::Preparer;
+use super::{CarveError, ClaimError, Preparer};
 
 impl Preparer {
     /// The MIG instances Tessera created and claims hold (or are being created for one).
@@ -147,12 +147,9 @@ impl Preparer {
 
     /// Creates the MIG instance `plan` of claim `uid` on its card (as `inv` has it), named in
     /// the ledger first and noted there once made.
-    pub(super) fn carve(&self, inv: &NodeInventory, uid: &str, plan: &Carve) -> Result<MadeInstance, String> {
-        let p = self
-            .partitioner
-            .as_ref()
-            .ok_or("this node's DRA plugin creates no MIG instances (it has neither NVML nor a fixture file)")?;
-        let card = inv.gpu_by_uuid(&plan.parent_uuid).ok_or("the card is gone")?;
+    pub(super) fn carve(&self, inv: &NodeInventory, uid: &str, plan: &Carve) -> Result<MadeInstance, CarveError> {
+        let p = self.partitioner.as_ref().ok_or(CarveError::NoPartitioner)?;
+        let card = inv.gpu_by_uuid(&plan.parent_uuid).ok_or(CarveError::CardGone)?;
         // An allocation older than the card's instances (an operator made one there since the
         // slice was read): refused before anything is written or made.
         if let Some(m) = card
@@ -160,26 +157,23 @@ impl Preparer {
             .iter()
             .find(|m| m.placement.is_none_or(|p| p.overlaps(&plan.placement)))
         {
-            return Err(format!(
-                "memory slices {}..{} of card {} are taken by MIG instance {} (gi {}); the claim waits until it goes",
-                plan.placement.start,
-                plan.placement.start + plan.placement.size,
-                plan.parent_uuid,
-                m.uuid,
-                m.gi
-            ));
+            return Err(CarveError::SlicesTaken {
+                start: plan.placement.start,
+                end: plan.placement.start + plan.placement.size,
+                card: plan.parent_uuid.clone(),
+                instance: m.uuid.clone(),
+                gi: m.gi,
+            });
         }
         let before = card.mig_devices.iter().map(|m| m.uuid.clone()).collect();
-        self.ledger
-            .add(uid, plan, before)
-            .map_err(|e| format!("recording it before creating it: {e}"))?;
+        self.ledger.add(uid, plan, before).map_err(CarveError::Ledger)?;
         let m = match p.create(&plan.parent_uuid, plan.profile_id, plan.placement) {
             Ok(m) => m,
             Err(e) => {
                 // Nothing was made: a create cleans up after itself (or says it could not; a
                 // GPU instance without its compute instance is no MIG device to find).
                 let _ = self.ledger.forget(uid, plan);
-                return Err(e.to_string());
+                return Err(CarveError::Create(e));
             }
         };
         info!(uid, instance = m.uuid, gi = m.gi, profile = %plan.profile, "MIG instance created");
@@ -211,11 +205,11 @@ impl Preparer {
     /// placement, ledger first, and the record rewritten with the new instance. Without this a
     /// retried prepare answered from the record, and the container waited for a CDI entry that
     /// never came.
-    pub(super) fn instances_still_there(&self, mut record: PreparedClaim) -> Result<PreparedClaim, String> {
+    pub(super) fn instances_still_there(&self, mut record: PreparedClaim) -> Result<PreparedClaim, ClaimError> {
         if record.devices.iter().all(|d| d.carved.is_none()) {
             return Ok(record);
         }
-        let inv = self.cards_now().map_err(|e| format!("claim {}: {e}", record.key()))?;
+        let inv = self.cards_now(&record.key())?;
         let mut remade: Vec<(Carve, MadeInstance)> = Vec::new();
         let (key, uid) = (record.key(), record.uid.clone());
         for d in &mut record.devices {
@@ -233,10 +227,12 @@ impl Preparer {
                 Ok(m) => m,
                 Err(e) => {
                     self.undo_carving(&inv, &uid, &remade);
-                    return Err(format!(
-                        "claim {key}: its MIG instance {uuid} is gone from card {} and cannot be made again: {e}",
-                        plan.parent_uuid
-                    ));
+                    return Err(ClaimError::Remake {
+                        key,
+                        uuid: uuid.clone(),
+                        card: plan.parent_uuid.clone(),
+                        source: Box::new(e),
+                    });
                 }
             };
             (*uuid, *gi, *ci) = (m.uuid.clone(), m.gi, m.ci);
@@ -245,9 +241,12 @@ impl Preparer {
         if remade.is_empty() {
             return Ok(record);
         }
-        if let Err(e) = self.store.put(&record) {
+        if let Err(source) = self.store.put(&record) {
             self.undo_carving(&inv, &record.uid, &remade);
-            return Err(format!("claim {}: recording its new MIG instance: {e}", record.key()));
+            return Err(ClaimError::RecordRemade {
+                key: record.key(),
+                source,
+            });
         }
         if let Ok(entries) = self.ledger.get(&record.uid) {
             self.destroy_carving(&inv, &record.uid, entries);

@@ -34,7 +34,8 @@ impl DraPlugin for DraService {
                         error: String::new(),
                     }
                 }
-                Err(error) => {
+                Err(e) => {
+                    let error = e.to_string();
                     warn!(claim = key, uid = c.uid, error, "cannot prepare");
                     api::NodePrepareResourceResponse { devices: vec![], error }
                 }
@@ -68,7 +69,13 @@ impl DraPlugin for DraService {
     ) -> Result<Response<api::NodeUnprepareResourcesResponse>, Status> {
         let mut claims = std::collections::HashMap::new();
         for c in request.into_inner().claims {
-            let error = self.0.unprepare(&c.uid).await.err().unwrap_or_default();
+            let error = self
+                .0
+                .unprepare(&c.uid)
+                .await
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
             claims.insert(c.uid, api::NodeUnprepareResourceResponse { error });
         }
         Ok(Response::new(api::NodeUnprepareResourcesResponse { claims }))

@@ -19,9 +19,11 @@ use tokio::sync::{Mutex, watch};
 use tracing::{error, info, warn};
 
 mod carving;
+mod error;
 pub mod grpc;
 pub mod source;
 
+pub use error::{CarveError, ClaimError, SourceError};
 pub use grpc::DraService;
 pub use source::{ApiClaims, ClaimSource};
 
@@ -89,18 +91,22 @@ impl Preparer {
         self
     }
 
-    /// The node's cards: read now when a source was given, else the last poll's reading.
-    fn cards_now(&self) -> Result<Arc<NodeInventory>, String> {
+    /// The node's cards (for claim `key`): read now when a source was given, else the last
+    /// poll's reading.
+    fn cards_now(&self, key: &str) -> Result<Arc<NodeInventory>, ClaimError> {
         if let Some(source) = &self.source {
             return source
                 .discover()
                 .map(Arc::new)
-                .map_err(|e| format!("the node's GPUs are unreadable: {e}"));
+                .map_err(|source| ClaimError::CardsUnreadable {
+                    key: key.to_string(),
+                    source,
+                });
         }
         self.inventory
             .borrow()
             .clone()
-            .ok_or_else(|| "the node's GPUs are not read yet".to_string())
+            .ok_or_else(|| ClaimError::NoCards { key: key.to_string() })
     }
 
     /// Creates MIG instances for claims that were allocated one (dynamic MIG) through
@@ -111,28 +117,34 @@ impl Preparer {
         self
     }
 
-    fn write_marker(&self, claim: &PreparedClaim) -> Result<(), String> {
+    fn write_marker(&self, claim: &PreparedClaim) -> Result<(), ClaimError> {
         let spec = dra::marker_spec(claim);
-        let text = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
+        let text = serde_json::to_vec_pretty(&spec).map_err(ClaimError::MarkerEncode)?;
         let path = self.cdi_dir.join(dra::marker_file(&claim.uid));
         dra::write_atomic(&self.cdi_dir, &path, &text, 0o755, 0o644)
-            .map_err(|e| format!("writing {}: {e}", path.display()))
+            .map_err(|source| ClaimError::Marker { path, source })
     }
 
     /// Prepares claim `claim` (idempotent: a claim already recorded is answered from its
     /// record, its marker written again if it went missing, a MIG instance the card lost made
     /// again). Also returns the MIG instances made for it, which the container can have once
     /// the node's CDI spec lists them ([`Preparer::wait_for_cdi`], outside the lock).
-    pub async fn prepare(&self, claim: &api::Claim) -> Result<(Vec<api::Device>, Vec<String>), String> {
+    pub async fn prepare(&self, claim: &api::Claim) -> Result<(Vec<api::Device>, Vec<String>), ClaimError> {
         let key = format!("{}/{}", claim.namespace, claim.name);
         if !dra::is_uid(&claim.uid) {
-            return Err(format!("claim {key}: uid {:?} is not a uid", claim.uid));
+            return Err(ClaimError::BadUid {
+                key,
+                uid: claim.uid.clone(),
+            });
         }
         let _one = self.busy.lock().await;
         if let Some(done) = self
             .store
             .get(&claim.uid)
-            .map_err(|e| format!("claim {key}: its record cannot be read: {e}"))?
+            .map_err(|source| ClaimError::RecordUnreadable {
+                key: key.clone(),
+                source,
+            })?
         {
             let done = self.instances_still_there(done)?;
             self.write_marker(&done)?;
@@ -142,27 +154,29 @@ impl Preparer {
             .inventory
             .borrow()
             .clone()
-            .ok_or_else(|| format!("claim {key}: the node's GPUs are not read yet"))?;
+            .ok_or_else(|| ClaimError::NoCards { key: key.clone() })?;
         let found = self.claims.get(&claim.namespace, &claim.name).await?;
         // A MIG instance the claim was allocated is created here, named in the ledger first:
         // a crash before the record leaves a ledger entry, and the instance is destroyed.
         let mut made: Vec<(Carve, MadeInstance)> = Vec::new();
         let planned = dra::prepare_with(&inv, &self.node, &claim.uid, &found, &mut |plan| {
-            let m = self.carve(&inv, &claim.uid, plan)?;
+            let m = self.carve(&inv, &claim.uid, plan).map_err(|e| e.to_string())?;
             made.push((plan.clone(), m.clone()));
             Ok(m)
         });
         let recorded = async {
-            let mut prepared = planned.map_err(|e| e.to_string())?;
+            let mut prepared = planned?;
             self.check_card_use(&prepared).await?;
             prepared.markers = dra::new_markers(&prepared);
             // The marker first, then the record: a crash between leaves a marker that names no
             // record (it grants nothing) and the kubelet's retry prepares the claim again.
             self.write_marker(&prepared)?;
-            self.store
-                .put(&prepared)
-                .map_err(|e| format!("claim {key}: recording it under {}: {e}", self.store.dir().display()))?;
-            Ok::<_, String>(prepared)
+            self.store.put(&prepared).map_err(|source| ClaimError::Record {
+                key: key.clone(),
+                dir: self.store.dir().to_path_buf(),
+                source,
+            })?;
+            Ok::<_, ClaimError>(prepared)
         }
         .await;
         let prepared = match recorded {
@@ -192,7 +206,7 @@ impl Preparer {
     /// container (whose claim may be gone); a share also when its card serves another tenant's
     /// shares and the node has not opted in. A record that cannot be read is left out (its
     /// claim grants nothing until it is readable; its live containers still count).
-    async fn check_card_use(&self, claim: &PreparedClaim) -> Result<(), String> {
+    async fn check_card_use(&self, claim: &PreparedClaim) -> Result<(), ClaimError> {
         let mine: Vec<&str> = claim.devices.iter().map(|d| d.allocated.uuid()).collect();
         let (records, unreadable) = self.store.list();
         for bad in unreadable {
@@ -244,43 +258,50 @@ impl Preparer {
             })
             .collect();
         tessera_core::granted::check_card_use(claim, &tenants[&claim.namespace], &uses, cross_tenant)
+            .map_err(ClaimError::CardInUse)
     }
 
     /// Unprepares claim `uid`: its record and marker go (idempotent).
-    pub async fn unprepare(&self, uid: &str) -> Result<(), String> {
+    pub async fn unprepare(&self, uid: &str) -> Result<(), ClaimError> {
         if !dra::is_uid(uid) {
-            return Err(format!("claim uid {uid:?} is not a uid"));
+            return Err(ClaimError::BadUnprepareUid(uid.to_string()));
         }
         let _one = self.busy.lock().await;
         // The instances created for it go first: while one cannot be destroyed the record
         // stays, and the kubelet asks again.
-        let record = self
-            .store
-            .get(uid)
-            .map_err(|e| format!("claim {uid}: its record cannot be read, so its MIG instances are kept: {e}"))?;
+        let record = self.store.get(uid).map_err(|source| ClaimError::KeepInstances {
+            uid: uid.to_string(),
+            source,
+        })?;
         if let Some(record) = record {
             for d in &record.devices {
                 let (Some(c), AllocatedDevice::Mig { gi, uuid, .. }) = (&d.carved, &d.allocated) else {
                     continue;
                 };
-                let p = self.partitioner.as_ref().ok_or_else(|| {
-                    format!("claim {uid}: cannot destroy MIG instance {uuid}: this node creates none")
+                let p = self.partitioner.as_ref().ok_or_else(|| ClaimError::NoPartitioner {
+                    uid: uid.to_string(),
+                    uuid: uuid.clone(),
                 })?;
                 p.destroy(&c.parent_uuid, *gi, uuid, c.profile_id, c.placement)
-                    .map_err(|e| format!("claim {uid}: destroying MIG instance {uuid}: {e}"))?;
+                    .map_err(|source| ClaimError::Destroy {
+                        uid: uid.to_string(),
+                        uuid: uuid.clone(),
+                        source,
+                    })?;
                 info!(uid, instance = uuid, "MIG instance destroyed");
             }
         }
         let marker = self.cdi_dir.join(dra::marker_file(uid));
         match std::fs::remove_file(&marker) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(format!("removing {}: {e}", marker.display()));
+            Err(source) if source.kind() != std::io::ErrorKind::NotFound => {
+                return Err(ClaimError::RemoveMarker { path: marker, source });
             }
             _ => {}
         }
-        self.store
-            .remove(uid)
-            .map_err(|e| format!("removing claim {uid}'s record: {e}"))?;
+        self.store.remove(uid).map_err(|source| ClaimError::RemoveRecord {
+            uid: uid.to_string(),
+            source,
+        })?;
         info!(uid, "claim unprepared");
         Ok(())
     }

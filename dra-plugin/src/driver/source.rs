@@ -2,20 +2,22 @@
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
+use super::SourceError;
+
 /// Where claims are read from: the API server, or a test's fake.
 #[tonic::async_trait]
 pub trait ClaimSource: Send + Sync + 'static {
     /// The claim `namespace/name` as the API server has it now.
-    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String>;
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, SourceError>;
 
     /// The tenant namespace `namespace` belongs to: its `tessera.io/tenant` label, else itself.
-    async fn tenant(&self, namespace: &str) -> Result<String, String> {
+    async fn tenant(&self, namespace: &str) -> Result<String, SourceError> {
         Ok(namespace.to_string())
     }
 
     /// Whether node `node` lets one card's shares go to different tenants
     /// (`tessera.io/cross-tenant-sharing=true`).
-    async fn cross_tenant(&self, _node: &str) -> Result<bool, String> {
+    async fn cross_tenant(&self, _node: &str) -> Result<bool, SourceError> {
         Ok(false)
     }
 }
@@ -25,18 +27,24 @@ pub struct ApiClaims(pub kube::Client);
 
 #[tonic::async_trait]
 impl ClaimSource for ApiClaims {
-    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, SourceError> {
         kube::Api::<ResourceClaim>::namespaced(self.0.clone(), namespace)
             .get(name)
             .await
-            .map_err(|e| format!("reading claim {namespace}/{name}: {e}"))
+            .map_err(|source| SourceError::Api {
+                what: format!("claim {namespace}/{name}"),
+                source,
+            })
     }
 
-    async fn tenant(&self, namespace: &str) -> Result<String, String> {
+    async fn tenant(&self, namespace: &str) -> Result<String, SourceError> {
         let ns = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(self.0.clone())
             .get(namespace)
             .await
-            .map_err(|e| format!("reading namespace {namespace}: {e}"))?;
+            .map_err(|source| SourceError::Api {
+                what: format!("namespace {namespace}"),
+                source,
+            })?;
         Ok(ns
             .metadata
             .labels
@@ -44,11 +52,14 @@ impl ClaimSource for ApiClaims {
             .unwrap_or_else(|| namespace.to_string()))
     }
 
-    async fn cross_tenant(&self, node: &str) -> Result<bool, String> {
+    async fn cross_tenant(&self, node: &str) -> Result<bool, SourceError> {
         let n = kube::Api::<k8s_openapi::api::core::v1::Node>::all(self.0.clone())
             .get(node)
             .await
-            .map_err(|e| format!("reading node {node}: {e}"))?;
+            .map_err(|source| SourceError::Api {
+                what: format!("node {node}"),
+                source,
+            })?;
         Ok(n.metadata
             .labels
             .and_then(|l| l.get(tessera_core::names::LABEL_CROSS_TENANT_SHARING).cloned())
