@@ -10,6 +10,37 @@ use std::time::SystemTime;
 use tessera_core::cdi::{CdiEdits, CdiSpec, parse_qualified};
 use tessera_core::names::CDI_KIND;
 
+/// Why Tessera's CDI devices could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// A spec file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file that names Tessera's kind is not JSON or YAML.
+    #[error("{path}: not a readable CDI spec: {reason}")]
+    Unreadable { path: PathBuf, reason: String },
+    /// Tessera's spec does not parse as a CDI spec.
+    #[error("{path}: {reason}")]
+    Parse { path: PathBuf, reason: String },
+    /// Tessera's spec parses but is not valid.
+    #[error("{path}: {source}")]
+    Invalid {
+        path: PathBuf,
+        #[source]
+        source: tessera_core::cdi::CdiError,
+    },
+    /// A device name is not a qualified CDI name.
+    #[error("{0}")]
+    Name(#[source] tessera_core::cdi::CdiError),
+    /// No spec of Tessera's has these devices.
+    #[error("unresolvable CDI devices {}", .0.join(", "))]
+    Unresolvable(Vec<String>),
+}
+
 /// A device node to add.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceEdit {
@@ -84,13 +115,18 @@ pub struct CdiResolver {
 }
 
 /// Reads one spec file, `None` when it is another vendor's.
-fn read_spec(path: &Path) -> Result<Option<CdiSpec>, String> {
+fn read_spec(path: &Path) -> Result<Option<CdiSpec>, ResolveError> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         // Gone between listing and reading (a claim's marker unprepared, the spec of a node
         // whose last MIG instance went): not a spec any more.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(source) => {
+            return Err(ResolveError::Read {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
     };
     let yaml = matches!(path.extension().and_then(|x| x.to_str()), Some("yaml" | "yml"));
     let parsed = if yaml {
@@ -107,19 +143,29 @@ fn read_spec(path: &Path) -> Result<Option<CdiSpec>, String> {
         // A file that cannot be parsed is nobody's for sure; one that names Tessera's kind is
         // a broken spec of ours, said as such rather than left to look like a missing device.
         Err(e) if text.contains(CDI_KIND) => {
-            return Err(format!("{}: not a readable CDI spec: {e}", path.display()));
+            return Err(ResolveError::Unreadable {
+                path: path.to_path_buf(),
+                reason: e,
+            });
         }
         Err(_) => None,
     };
     if kind.as_deref() != Some(CDI_KIND) {
         return Ok(None);
     }
-    let spec: CdiSpec = if yaml {
-        serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?
-    } else {
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?
+    let parse = |reason: String| ResolveError::Parse {
+        path: path.to_path_buf(),
+        reason,
     };
-    spec.validate().map_err(|e| format!("{}: {e}", path.display()))?;
+    let spec: CdiSpec = if yaml {
+        serde_yaml::from_str(&text).map_err(|e| parse(e.to_string()))?
+    } else {
+        serde_json::from_str(&text).map_err(|e| parse(e.to_string()))?
+    };
+    spec.validate().map_err(|source| ResolveError::Invalid {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Ok(Some(spec))
 }
 
@@ -153,7 +199,7 @@ impl CdiResolver {
         out
     }
 
-    fn refresh(&mut self) -> Result<(), String> {
+    fn refresh(&mut self) -> Result<(), ResolveError> {
         let stamp = self.files();
         if stamp == self.stamp {
             return Ok(());
@@ -172,7 +218,7 @@ impl CdiResolver {
     }
 
     /// The edits for `names` (fully qualified CDI names of Tessera's kind).
-    pub fn resolve(&mut self, names: &[String]) -> Result<Edits, String> {
+    pub fn resolve(&mut self, names: &[String]) -> Result<Edits, ResolveError> {
         self.refresh()?;
         if let Some(e) = self.memo.get(names) {
             return Ok(e.clone());
@@ -181,7 +227,7 @@ impl CdiResolver {
         let mut applied_specs: Vec<usize> = Vec::new();
         let mut unresolved = Vec::new();
         for qualified in names {
-            let (kind, name) = parse_qualified(qualified).map_err(|e| e.to_string())?;
+            let (kind, name) = parse_qualified(qualified).map_err(ResolveError::Name)?;
             let found = (kind == CDI_KIND)
                 .then(|| {
                     self.specs
@@ -202,7 +248,7 @@ impl CdiResolver {
             }
         }
         if !unresolved.is_empty() {
-            return Err(format!("unresolvable CDI devices {}", unresolved.join(", ")));
+            return Err(ResolveError::Unresolvable(unresolved));
         }
         self.memo.insert(names.to_vec(), edits.clone());
         Ok(edits)
@@ -237,7 +283,7 @@ mod tests {
         let paths: Vec<&str> = e.devices.iter().map(|d| d.path.as_str()).collect();
         assert_eq!(paths, ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"]);
         assert_eq!((e.env.len(), e.mounts.len()), (1, 1), "spec-wide edits once");
-        let err = r.resolve(&[format!("{CDI_KIND}=9")]).unwrap_err();
+        let err = r.resolve(&[format!("{CDI_KIND}=9")]).unwrap_err().to_string();
         assert_eq!(err, "unresolvable CDI devices tessera.io/gpu=9");
         assert!(r.resolve(&["nvidia.com/gpu=0".into()]).is_err());
         // A later directory wins.
@@ -259,7 +305,7 @@ mod tests {
         std::fs::write(dir.path().join("other.json"), "{not json").unwrap();
         let mut r = CdiResolver::new(vec![dir.path().to_path_buf()]);
         assert_eq!(
-            r.resolve(&[format!("{CDI_KIND}=0")]).unwrap_err(),
+            r.resolve(&[format!("{CDI_KIND}=0")]).unwrap_err().to_string(),
             "unresolvable CDI devices tessera.io/gpu=0"
         );
         let broken = dir.path().join("tessera.io-gpu.json");
@@ -268,7 +314,7 @@ mod tests {
             r#"{"cdiVersion": "0.6.0", "kind": "tessera.io/gpu", "devices": ["#,
         )
         .unwrap();
-        let err = r.resolve(&[format!("{CDI_KIND}=0")]).unwrap_err();
+        let err = r.resolve(&[format!("{CDI_KIND}=0")]).unwrap_err().to_string();
         assert!(
             err.starts_with(&format!(
                 "{}: not a readable CDI spec: EOF while parsing",

@@ -15,7 +15,7 @@ use tessera_core::injection::NodeContext;
 use tessera_proto::nri::api;
 use tracing::{info, warn};
 
-use super::{TesseraPlugin, Tracked};
+use super::{CeilingNotHeld, Refusal, TesseraPlugin, Tracked};
 
 /// How long a share's creation waits for its card's MPS daemon to take its limits.
 /// Under containerd's `plugin_request_timeout` (2 s in deploy/runtime/): the refusal must reach
@@ -60,7 +60,7 @@ impl Books {
 
     /// Books container `id`, unless a live container of another pod holds one of its devices
     /// in a way that excludes it ([`double_grant`]): the error says which.
-    pub(super) fn admit(&self, id: &str, t: Tracked) -> Result<(), String> {
+    pub(super) fn admit(&self, id: &str, t: Tracked) -> Result<(), Refusal> {
         let mut live = self.lock();
         if let Some(e) = double_grant(
             live.iter()
@@ -71,17 +71,15 @@ impl Books {
             &t.devices,
             &t.claims,
         ) {
-            return Err(e);
+            return Err(Refusal::DoubleGrant(e));
         }
         // The record is how a restarted plugin, and the DRA plugin, know the container holds its
         // devices: a grant that cannot be recorded is not made.
         if let Some(store) = &self.store {
-            store.put(id, &t).map_err(|e| {
-                format!(
-                    "container {:?}: cannot record its grant under {}: {e}; refused",
-                    t.container,
-                    store.dir().display()
-                )
+            store.put(id, &t).map_err(|source| Refusal::Record {
+                container: t.container.clone(),
+                dir: store.dir().to_path_buf(),
+                source,
             })?;
         }
         live.insert(id.to_string(), t);
@@ -223,7 +221,7 @@ impl TesseraPlugin {
 
     /// Waits until card `uuid`'s daemon holds a ceiling that covers `limits` (the supervisor sets
     /// it within a fraction of a second); the error says why the share cannot be held.
-    pub async fn ceiling_held(&self, limits: &ShareLimits, within: std::time::Duration) -> Result<(), String> {
+    pub async fn ceiling_held(&self, limits: &ShareLimits, within: std::time::Duration) -> Result<(), CeilingNotHeld> {
         let deadline = std::time::Instant::now() + within;
         loop {
             let held = self
@@ -237,14 +235,13 @@ impl TesseraPlugin {
                 return Ok(());
             }
             if std::time::Instant::now() > deadline {
-                return Err(format!(
-                    "its share of {} cannot be enforced: the card's MPS daemon did not take the share's limits \
-                     ({}%, {} MiB) within {} ms (it holds {held:?}; see tessera-mps-supervisor's log)",
-                    limits.uuid,
-                    limits.core_limit,
-                    limits.memory_mib,
-                    within.as_millis()
-                ));
+                return Err(CeilingNotHeld {
+                    uuid: limits.uuid.clone(),
+                    core: limits.core_limit,
+                    memory_mib: limits.memory_mib,
+                    ms: within.as_millis(),
+                    held,
+                });
             }
             tokio::time::sleep(std::time::Duration::from_millis(25)).await;
         }

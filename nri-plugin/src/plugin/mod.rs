@@ -33,9 +33,11 @@ mod books;
 mod claims;
 pub mod keys;
 mod memory;
+mod refusal;
 mod users;
 
 pub use claims::{ApiReservations, Reservations};
+pub use refusal::{CeilingNotHeld, MemoryNotHeld, Refusal};
 
 /// A container Tessera gave GPUs to: whose it is and what it has (the node's grant record).
 pub use tessera_core::granted::Granted as Tracked;
@@ -238,7 +240,7 @@ impl TesseraPlugin {
         &self,
         pod: &api::PodSandbox,
         container: &api::Container,
-    ) -> Result<api::ContainerAdjustment, String> {
+    ) -> Result<api::ContainerAdjustment, Refusal> {
         let pod_annotations: BTreeMap<String, String> =
             pod.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let ctr_annotations: BTreeMap<String, String> = container
@@ -246,10 +248,7 @@ impl TesseraPlugin {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let grant = match self
-            .decide(pod, &pod_annotations, &container.name, &ctr_annotations, &container.env)
-            .map_err(|e| e.to_string())?
-        {
+        let grant = match self.decide(pod, &pod_annotations, &container.name, &ctr_annotations, &container.env)? {
             Injection::Deny => return Ok(adjust::deny(container)),
             Injection::Grant(grant) => grant,
         };
@@ -263,13 +262,12 @@ impl TesseraPlugin {
         let edits = self
             .cdi
             .lock()
-            .map_err(|_| "CDI resolver poisoned".to_string())?
+            .map_err(|_| Refusal::CdiPoisoned)?
             .resolve(&grant.cdi_devices)
-            .map_err(|e| {
-                format!(
-                    "container {:?}: cannot resolve {:?}: {e}",
-                    container.name, grant.cdi_devices
-                )
+            .map_err(|source| Refusal::Resolve {
+                container: container.name.clone(),
+                devices: grant.cdi_devices.clone(),
+                source: Box::new(source),
             })?;
         let mps = grant.enforced_by == Some(ShareEnforcement::Mps);
         let tracked = Tracked {
@@ -304,26 +302,28 @@ impl TesseraPlugin {
                 },
                 _ => limits.clone(),
             };
-            let files = self.config.hook.prepare(&container.id, &limits).map_err(|e| {
-                format!(
-                    "container {:?}: cannot write its CUDA hook configuration under {}: {e}",
-                    container.name,
-                    self.config.hook.root.display()
-                )
-            })?;
+            let files = self
+                .config
+                .hook
+                .prepare(&container.id, &limits)
+                .map_err(|source| Refusal::HookConfig {
+                    container: container.name.clone(),
+                    dir: self.config.hook.root.clone(),
+                    source,
+                })?;
             adj.mounts
                 .push(adjust::bind(&files.config, HOOK_CONFIG_IN_CONTAINER, true));
             adj.mounts.push(adjust::tmpfs(
                 HOOK_STATE_IN_CONTAINER,
                 tessera_core::enforcement::HOOK_STATE_TMPFS_KIB,
             ));
-            self.pids.serve(&container.id, &files.agent).map_err(|e| {
-                format!(
-                    "container {:?}: cannot serve its host-pid socket in {}: {e}",
-                    container.name,
-                    files.agent.display()
-                )
-            })?;
+            self.pids
+                .serve(&container.id, &files.agent)
+                .map_err(|source| Refusal::PidSocket {
+                    container: container.name.clone(),
+                    dir: files.agent.clone(),
+                    source,
+                })?;
             adj.mounts
                 .push(adjust::bind(&files.agent, HOOK_AGENT_IN_CONTAINER, true));
         }
@@ -337,7 +337,7 @@ impl TesseraPlugin {
         &self,
         pod: &api::PodSandbox,
         container: &api::Container,
-    ) -> Result<api::ContainerAdjustment, String> {
+    ) -> Result<api::ContainerAdjustment, Refusal> {
         let marks = tessera_core::dra::marked_claims(&container.env);
         if !marks.is_empty() {
             self.reservations
@@ -347,10 +347,13 @@ impl TesseraPlugin {
         let adj = self.adjust(pod, container)?;
         let share = self.books.get(&container.id).and_then(|t| t.mps_share);
         if let Some(limits) = share
-            && let Err(e) = self.ceiling_held(&limits, books::CEILING_WAIT).await
+            && let Err(source) = self.ceiling_held(&limits, books::CEILING_WAIT).await
         {
             self.forget(Some(container));
-            return Err(format!("container {:?}: {e}", container.name));
+            return Err(Refusal::Ceiling {
+                container: container.name.clone(),
+                source: Box::new(source),
+            });
         }
         Ok(adj)
     }
@@ -360,7 +363,8 @@ impl TesseraPlugin {
     /// StartContainer, however the runtime sends it.
     fn start(&self, pod: &api::PodSandbox, container: &api::Container) -> ttrpc::Result<()> {
         let started = self.starting(container).and_then(|()| self.limit_memory(container));
-        started.map_err(|msg| {
+        started.map_err(|refusal| {
+            let msg = refusal.to_string();
             warn!(
                 pod = pod.name,
                 container = container.name,
@@ -424,11 +428,10 @@ impl Plugin for TesseraPlugin {
             .await
             .unwrap_or_else(|_| {
                 self.forget(Some(&container));
-                Err(format!(
-                    "container {:?}: not decided within {} ms (the runtime's NRI timeout is 2 s); refused",
-                    container.name,
-                    CREATE_DEADLINE.as_millis()
-                ))
+                Err(Refusal::Late {
+                    container: container.name.clone(),
+                    ms: CREATE_DEADLINE.as_millis(),
+                })
             });
         match decided {
             Ok(adj) => {
@@ -436,7 +439,8 @@ impl Plugin for TesseraPlugin {
                 resp.adjust = Some(adj).into();
                 Ok(resp)
             }
-            Err(msg) => {
+            Err(refusal) => {
+                let msg = refusal.to_string();
                 warn!(
                     pod = pod.name,
                     container = container.name,

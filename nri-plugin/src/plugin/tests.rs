@@ -57,7 +57,7 @@ fn a_key_added_to_the_secret_is_picked_up_without_a_restart() {
         .insert("tessera.io/allocated.gpu-core".into(), "100".into());
 
     // The node has not seen k2 yet: refused, naming the key.
-    let err = plugin.adjust(&pod, &ctr).unwrap_err();
+    let err = plugin.adjust(&pod, &ctr).unwrap_err().to_string();
     assert!(err.contains("unknown key \"k2\""), "{err}");
     // The Secret gains k2 (step 1 reaches the node): the next container verifies.
     std::fs::write(keys_dir.join("k2"), [2u8; 32]).unwrap();
@@ -147,7 +147,7 @@ fn a_dra_claims_container_gets_what_the_node_recorded_and_nothing_else() {
     );
     assert_eq!(plugin.tracked()["c1"].uuids, g.uuid);
 
-    let refused = |p: &api::PodSandbox, c: &api::Container| plugin.adjust(p, c).unwrap_err();
+    let refused = |p: &api::PodSandbox, c: &api::Container| plugin.adjust(p, c).unwrap_err().to_string();
     assert!(
         refused(&pod("team-b"), &ctr("c2", "u-1", &token))
             .contains("claim team-a/share (u-1) is not a claim of namespace team-b")
@@ -237,12 +237,16 @@ fn a_card_held_whole_is_granted_to_no_other_pod() {
         plugin.adjust(&pod, &ctr)
     };
     create("first", AllocatedDevice::whole(g), "100").unwrap();
-    let err = create("second", AllocatedDevice::whole(g), "100").unwrap_err();
+    let err = create("second", AllocatedDevice::whole(g), "100")
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains(&g.uuid) && err.contains("team-first/first") && err.contains("refusing a second grant"),
         "{err}"
     );
-    let err = create("third", AllocatedDevice::share(g, 30, 4096), "30").unwrap_err();
+    let err = create("third", AllocatedDevice::share(g, 30, 4096), "30")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("as a whole card"), "{err}");
     // Shares side by side on another card.
     let other = &inv.gpus[1];
@@ -341,7 +345,7 @@ fn a_key_removed_from_the_secret_stops_verifying() {
         // The Secret loses k1 (rotation's last step).
         std::thread::sleep(std::time::Duration::from_millis(20));
         write("..2026_11_24_02", &[("k2", 2)]);
-        let err = create(1).unwrap_err();
+        let err = create(1).unwrap_err().to_string();
         assert!(
             err.contains("unknown key \"k1\""),
             "kubelet layout {kubelet_layout}: {err}"
@@ -543,7 +547,7 @@ fn a_card_stays_held_by_a_live_container_after_its_claim_and_the_plugin_are_gone
     let restarted = node.plugin(ShareEnforcement::None);
     restarted.rebuild(std::slice::from_ref(&pod), std::slice::from_ref(&ctr));
     let (other_pod, other) = node.signed("next", AllocatedDevice::whole(card), &[]);
-    let err = restarted.adjust(&other_pod, &other).unwrap_err();
+    let err = restarted.adjust(&other_pod, &other).unwrap_err().to_string();
     assert!(err.contains("team-a/trainer") && err.contains(&card.uuid), "{err}");
 }
 
@@ -604,7 +608,7 @@ async fn a_copied_marker_gives_nothing_to_a_pod_the_claim_is_not_reserved_for() 
     let (pod, ctr) = container("first");
     plugin.create(&pod, &ctr).await.unwrap();
     let (pod, ctr) = container("copycat");
-    let err = plugin.create(&pod, &ctr).await.unwrap_err();
+    let err = plugin.create(&pod, &ctr).await.unwrap_err().to_string();
     assert!(err.contains("is not reserved for this pod"), "{err}");
     let (pod, ctr) = container("later");
     plugin.create(&pod, &ctr).await.unwrap();
@@ -620,6 +624,7 @@ async fn a_copied_marker_gives_nothing_to_a_pod_the_claim_is_not_reserved_for() 
             .create(&pod, &ctr)
             .await
             .unwrap_err()
+            .to_string()
             .contains("does not carry the claim's token")
     );
     assert_eq!(asked(), 2);
@@ -664,7 +669,7 @@ async fn a_slow_api_server_does_not_hold_a_creation_up() {
     let mut ctr = api::Container::new();
     (ctr.id, ctr.name, ctr.env) = ("ctr-later".into(), "main".into(), env);
     let began = std::time::Instant::now();
-    let err = plugin.create(&pod, &ctr).await.unwrap_err();
+    let err = plugin.create(&pod, &ctr).await.unwrap_err().to_string();
     assert!(
         began.elapsed() < std::time::Duration::from_secs(1),
         "{:?}",
@@ -681,7 +686,7 @@ fn a_grant_that_cannot_be_recorded_is_refused() {
     std::fs::write(node.dir.path().join("grants"), b"not a directory").unwrap();
     let plugin = node.plugin(ShareEnforcement::None);
     let (pod, ctr) = node.signed("whole", AllocatedDevice::whole(&node.inv.gpus[0]), &[]);
-    let err = plugin.adjust(&pod, &ctr).unwrap_err();
+    let err = plugin.adjust(&pod, &ctr).unwrap_err().to_string();
     assert!(err.contains("cannot record its grant"), "{err}");
     assert!(plugin.tracked().is_empty());
 }
@@ -714,7 +719,7 @@ async fn a_share_of_another_user_is_refused_at_start() {
         plugin.starting(&ctr)
     };
     start("root", 101, 0).unwrap();
-    let err = start("app", 102, 1000).unwrap_err();
+    let err = start("app", 102, 1000).unwrap_err().to_string();
     assert!(
         err.contains("uid 1000") && err.contains("uid 0") && err.contains("team-a/root"),
         "{err}"

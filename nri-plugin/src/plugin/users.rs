@@ -14,7 +14,7 @@ use std::path::Path;
 use tessera_proto::nri::api;
 use tracing::debug;
 
-use super::TesseraPlugin;
+use super::{Refusal, TesseraPlugin};
 
 /// The effective uid of process `pid`, from `<proc_root>/<pid>/status`.
 fn uid_of(proc_root: &Path, pid: u32) -> Option<u32> {
@@ -39,7 +39,7 @@ impl TesseraPlugin {
     /// StartContainer: refuses an MPS share whose process runs as another user than the live
     /// shares of its card, and notes its user. A container whose process cannot be found starts
     /// (the rule keeps shares from locking each other out; it is no limit).
-    pub(super) fn starting(&self, container: &api::Container) -> Result<(), String> {
+    pub(super) fn starting(&self, container: &api::Container) -> Result<(), Refusal> {
         let Some(share) = self.books.get(&container.id).and_then(|t| t.mps_share) else {
             return Ok(());
         };
@@ -52,13 +52,14 @@ impl TesseraPlugin {
             );
             return Ok(());
         };
-        self.books.claim_user(&container.id, &share.uuid, uid).map_err(|(other, other_uid)| {
-            format!(
-                "container {:?} runs as uid {uid}, but its card {}'s MPS daemon serves uid {other_uid} for {other}; \
-                 MPS serves one user per card, so it would wait, and hold the card's other shares up (set the same \
-                 runAsUser on the pods sharing a card)",
-                container.name, share.uuid
-            )
-        })
+        self.books
+            .claim_user(&container.id, &share.uuid, uid)
+            .map_err(|(other, other_uid)| Refusal::OtherUser {
+                container: container.name.clone(),
+                uid,
+                card: share.uuid.clone(),
+                other_uid,
+                other,
+            })
     }
 }

@@ -18,7 +18,7 @@ use tessera_node::memory_limits::{CgroupMemoryLimits, cgroup_of_container};
 use tessera_proto::nri::api;
 use tracing::{debug, info, warn};
 
-use super::TesseraPlugin;
+use super::{MemoryNotHeld, Refusal, TesseraPlugin};
 
 /// The driver's per-cgroup limits and where the host's cgroup v2 hierarchy is.
 #[derive(Clone)]
@@ -45,40 +45,40 @@ impl TesseraPlugin {
 
     /// StartContainer: sets the share's memory limit on the container's cgroup and reads it
     /// back; an error refuses the start.
-    pub(super) fn limit_memory(&self, container: &api::Container) -> Result<(), String> {
+    pub(super) fn limit_memory(&self, container: &api::Container) -> Result<(), Refusal> {
         let (Some(per), Some(mut held)) = (
             self.per_cgroup.as_ref(),
             self.books.get(&container.id).and_then(|t| t.cgroup_memory),
         ) else {
             return Ok(());
         };
-        let refuse = |why: String| {
-            format!(
-                "container {:?}: its {} MiB of card {} cannot be held on its cgroup: {why}; refused",
-                container.name, held.memory_mib, held.uuid
-            )
+        let refuse = |source: MemoryNotHeld| Refusal::Memory {
+            container: container.name.clone(),
+            memory_mib: held.memory_mib,
+            uuid: held.uuid.clone(),
+            source: Box::new(source),
         };
         let pid = super::users::process_of(&self.proc_root, &container.id, container.pid)
-            .ok_or_else(|| refuse("its process is not found under the host's /proc".into()))?;
+            .ok_or_else(|| refuse(MemoryNotHeld::NoProcess))?;
         let cgroups_path = container.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
-        let cgroup = cgroup_of_container(&self.proc_root, pid, cgroups_path, &per.cgroup_root)
-            .map_err(|e| refuse(e.to_string()))?;
+        let cgroup =
+            cgroup_of_container(&self.proc_root, pid, cgroups_path, &per.cgroup_root).map_err(|e| refuse(e.into()))?;
         let want = bytes(held.memory_mib);
         per.limits
             .set(&held.uuid, &cgroup, want, want)
-            .map_err(|e| refuse(e.to_string()))?;
+            .map_err(|e| refuse(e.into()))?;
         match per.limits.get(&held.uuid, &cgroup) {
             Ok(Some(got)) if got.hard == want => {}
             Ok(got) => {
                 let _ = per.limits.clear(&held.uuid, &cgroup);
-                return Err(refuse(format!(
-                    "the driver reads back {} after it was set to {want} bytes",
-                    got.map_or("no limit".to_string(), |l| format!("a hard limit of {} bytes", l.hard))
-                )));
+                return Err(refuse(MemoryNotHeld::ReadBack {
+                    got: got.map_or("no limit".to_string(), |l| format!("a hard limit of {} bytes", l.hard)),
+                    want,
+                }));
             }
             Err(e) => {
                 let _ = per.limits.clear(&held.uuid, &cgroup);
-                return Err(refuse(e.to_string()));
+                return Err(refuse(e.into()));
             }
         }
         info!(

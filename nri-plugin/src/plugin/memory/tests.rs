@@ -113,7 +113,7 @@ async fn a_share_whose_limit_does_not_hold_is_refused_at_start() {
     node.daemons_hold_the_wanted_ceilings();
     process(&node, 301, "lied");
     ctr.pid = 301;
-    let err = plugin.limit_memory(&ctr).unwrap_err();
+    let err = plugin.limit_memory(&ctr).unwrap_err().to_string();
     assert!(
         err.contains("\"c\"") && err.contains("4096 MiB") && err.contains(&card.uuid) && err.contains("reads back"),
         "{err}"
@@ -126,13 +126,13 @@ async fn a_share_whose_limit_does_not_hold_is_refused_at_start() {
     plugin.adjust(&pod, &ctr).unwrap();
     node.daemons_hold_the_wanted_ceilings();
     ctr.pid = 0; // no pid given, and no process of the container's under /proc
-    let err = plugin.limit_memory(&ctr).unwrap_err();
+    let err = plugin.limit_memory(&ctr).unwrap_err().to_string();
     assert!(err.contains("process is not found"), "{err}");
     let dir = node.proc_root().join("302");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("cgroup"), "0::/kubepods/removed\n").unwrap();
     ctr.pid = 302;
-    let err = plugin.limit_memory(&ctr).unwrap_err();
+    let err = plugin.limit_memory(&ctr).unwrap_err().to_string();
     assert!(err.contains("removed does not exist"), "{err}");
     assert!(driver.limits.lock().unwrap().is_empty());
 }
