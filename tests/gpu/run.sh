@@ -2,7 +2,8 @@
 # Tessera's node stack on a real GPU: the CDI spec generated with no flags, the MPS supervisor,
 # the NRI plugin on containerd 1.7 and 2.x, containers created through CRI, and what CUDA sees
 # inside them (a whole card, 30% + 8 GiB shares alone and side by side, ...).
-# Prints a table: runtime | case | expected | PASS/FAIL | observed. Exits 1 if a case fails.
+# Prints a table: runtime | case | expected | PASS/FAIL/SKIP | observed (SKIP: needs a newer driver than
+# the machine has, naming its version). Exits 1 if a case fails.
 #
 # Not part of .ci/run (CI has no GPU). On a machine with an NVIDIA GPU, driver, nvcc, root and
 # no network, from the repository root:
