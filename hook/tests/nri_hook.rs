@@ -311,23 +311,28 @@ fn walk(dir: &Path) -> Vec<std::fs::DirEntry> {
     out
 }
 
-/// On MPS nodes a share container's processes together stay within its memory: MPS limits each
-/// process alone (three processes of a 30% + 8 GiB share held 21,504 MiB on an H100 with driver
-/// 580), so the hook is preloaded there too and holds the container's memory as one budget,
-/// whatever its processes' count. Three processes of one 4 GiB share fill at once, here with
-/// the fake driver (which knows nothing of MPS) and a stand-in for the card's daemon (the rule
-/// is the hook's and the NRI plugin's). Without the hook on MPS nodes they hold three times the
-/// share.
-async fn mps_mode_holds_a_containers_processes_together(version: Version) -> anyhow::Result<()> {
+/// A node enforcing shares with MPS on `version`: the fake driver, the client image, the hook
+/// installed, a stand-in daemon per card, Tessera's spec and the hand-off keys.
+struct MpsNode {
+    c: Containerd,
+    inv: NodeInventory,
+    hook: HookLayout,
+    mps: tessera_core::enforcement::MpsLayout,
+    keys: SigningKeys,
+    _daemons: std::sync::mpsc::Sender<()>,
+    _work: tempfile::TempDir,
+}
+
+async fn mps_node(version: Version) -> anyhow::Result<MpsNode> {
     use tessera_core::enforcement::MpsLayout;
-    let mut c = Containerd::start(version).await?;
+    let c = Containerd::start(version).await?;
     let work = tempfile::tempdir()?;
     let inv = node(work.path())?;
     c.import_image(&image(work.path())?)?;
     let hook = HookLayout::new(work.path().join("hook"));
     assert!(hook.install(&common::hook_lib())?);
     let mps = MpsLayout::new(work.path().join("mps"));
-    let _daemons = tessera_tests::mps::stand_in_daemons(mps.clone(), inv.gpus.iter().map(|g| g.uuid.clone()).collect());
+    let daemons = tessera_tests::mps::stand_in_daemons(mps.clone(), inv.gpus.iter().map(|g| g.uuid.clone()).collect());
     let opts = SpecOptions {
         dev_root: work.path().join("host"),
         enforcement: ShareEnforcement::Mps,
@@ -337,21 +342,61 @@ async fn mps_mode_holds_a_containers_processes_together(version: Version) -> any
     };
     write_spec(&c.cdi_dir(), SPEC_FILE, &spec::render(&inv, &opts)?.1)?;
     let keys = SigningKeys::new("k1", [("k1".to_string(), vec![3u8; 32])])?;
-    let (stop_tx, task) = start_plugin(&c, &keys, ShareEnforcement::Mps, (mps.clone(), hook.clone())).await?;
-    let share = AllocatedDevice::share(&inv.gpus[0], 30, 4096);
-    let p = pod(&mut c, &keys, "three", share).await?;
+    Ok(MpsNode {
+        c,
+        inv,
+        hook,
+        mps,
+        keys,
+        _daemons: daemons,
+        _work: work,
+    })
+}
+
+/// A container of a 30% + 4 GiB share running three clients that each fill it in 256 MiB
+/// chunks and hold for 3 s, with `env` besides the fake GPU's.
+fn three_fills(env: &[(&str, &str)]) -> ContainerSpec {
     let amounts = [("gpu-core", "30"), ("gpu-memory", "4"), ("gpu-memory-mib", "4096")];
     let three = (0..3)
         .map(|_| "/bin/client fill 256 3000 &")
         .collect::<Vec<_>>()
         .join(" ");
-    let spec = amounts.iter().fold(
-        ContainerSpec::new("main", &["sh", "-c", &format!("{three} wait")])
-            .image(IMAGE)
-            .env("FAKE_GPU_STATE", "/tmp/fake-gpu")
-            .env("FAKE_GPU_MEMORY_MIB", "16384"),
-        |s, (k, v)| s.annotation(&format!("tessera.io/allocated.{k}"), v),
-    );
+    let spec = ContainerSpec::new("main", &["sh", "-c", &format!("{three} wait")])
+        .image(IMAGE)
+        .env("FAKE_GPU_STATE", "/tmp/fake-gpu")
+        .env("FAKE_GPU_MEMORY_MIB", "16384");
+    let spec = env.iter().fold(spec, |s, (k, v)| s.env(k, v));
+    amounts
+        .iter()
+        .fold(spec, |s, (k, v)| s.annotation(&format!("tessera.io/allocated.{k}"), v))
+}
+
+/// What each of the three clients allocated, MiB, and their sum.
+fn allocated(out: &str) -> (Vec<u64>, u64) {
+    let each: Vec<u64> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("allocated_mib="))
+        .map(|v| v.trim().parse().unwrap())
+        .collect();
+    assert_eq!(each.len(), 3, "{out}");
+    let together = each.iter().sum();
+    (each, together)
+}
+
+/// On MPS nodes a share container's processes together stay within its memory: MPS limits each
+/// process alone (three processes of a 30% + 8 GiB share held 21,504 MiB on an H100 with driver
+/// 580), so the hook is preloaded there too and holds the container's memory as one budget,
+/// whatever its processes' count. Three processes of one 4 GiB share fill at once, here with
+/// the fake driver (which knows nothing of MPS) and a stand-in for the card's daemon (the rule
+/// is the hook's and the NRI plugin's). Without the hook on MPS nodes they hold three times the
+/// share.
+async fn mps_mode_holds_a_containers_processes_together(version: Version) -> anyhow::Result<()> {
+    let mut n = mps_node(version).await?;
+    let (stop_tx, task) = start_plugin(&n.c, &n.keys, ShareEnforcement::Mps, (n.mps.clone(), n.hook.clone())).await?;
+    let share = AllocatedDevice::share(&n.inv.gpus[0], 30, 4096);
+    let p = pod(&mut n.c, &n.keys, "three", share).await?;
+    let spec = three_fills(&[]);
+    let c = &mut n.c;
     let cid = c.create_container(&p, spec).await?;
     let oci = c.oci_spec(&cid).await?;
     assert_eq!(
@@ -363,13 +408,7 @@ async fn mps_mode_holds_a_containers_processes_together(version: Version) -> any
     );
     let (code, out) = c.run_to_exit(&cid).await?;
     assert_eq!(code, 0, "{out}");
-    let each: Vec<u64> = out
-        .lines()
-        .filter_map(|l| l.strip_prefix("allocated_mib="))
-        .map(|v| v.trim().parse().unwrap())
-        .collect();
-    assert_eq!(each.len(), 3, "{out}");
-    let together: u64 = each.iter().sum();
+    let (each, together) = allocated(&out);
     assert!(
         (3584..=4096).contains(&together),
         "three processes of a 4 GiB share held {together} MiB together ({each:?})"
@@ -397,46 +436,24 @@ async fn mps_mode_holds_a_containers_processes_together_on_containerd_2() -> any
 /// container's cgroup at its start, from the signed allocation; it goes with the container.
 /// Without the limit they hold three times the share.
 async fn per_cgroup_limits_hold_processes_that_bypass_the_hook(version: Version) -> anyhow::Result<()> {
-    use tessera_core::enforcement::MpsLayout;
     use tessera_node::memory_limits::NvmlMemoryLimits;
-    let mut c = Containerd::start(version).await?;
-    let work = tempfile::tempdir()?;
-    let inv = node(work.path())?;
-    c.import_image(&image(work.path())?)?;
-    let hook = HookLayout::new(work.path().join("hook"));
-    assert!(hook.install(&common::hook_lib())?);
-    let mps = MpsLayout::new(work.path().join("mps"));
-    let _daemons = tessera_tests::mps::stand_in_daemons(mps.clone(), inv.gpus.iter().map(|g| g.uuid.clone()).collect());
-    let opts = SpecOptions {
-        dev_root: work.path().join("host"),
-        enforcement: ShareEnforcement::Mps,
-        hook: hook.clone(),
-        mps: mps.clone(),
-        ..Default::default()
-    };
-    write_spec(&c.cdi_dir(), SPEC_FILE, &spec::render(&inv, &opts)?.1)?;
-    let keys = SigningKeys::new("k1", [("k1".to_string(), vec![3u8; 32])])?;
+    let mut n = mps_node(version).await?;
     let built = common::built();
     let nvml = NvmlMemoryLimits::open(Some(&built.lib_dir.join("libnvidia-ml.so.1")))?;
+    let layouts = (n.mps.clone(), n.hook.clone());
     let (stop_tx, task, plugin) =
-        start_plugin_with(&c, &keys, ShareEnforcement::Mps, (mps, hook), Some(Arc::new(nvml))).await?;
-    let p = pod(&mut c, &keys, "bypass", AllocatedDevice::share(&inv.gpus[0], 30, 4096)).await?;
-    let amounts = [("gpu-core", "30"), ("gpu-memory", "4"), ("gpu-memory-mib", "4096")];
-    let three = (0..3)
-        .map(|_| "/bin/client fill 256 3000 &")
-        .collect::<Vec<_>>()
-        .join(" ");
+        start_plugin_with(&n.c, &n.keys, ShareEnforcement::Mps, layouts, Some(Arc::new(nvml))).await?;
+    let p = pod(
+        &mut n.c,
+        &n.keys,
+        "bypass",
+        AllocatedDevice::share(&n.inv.gpus[0], 30, 4096),
+    )
+    .await?;
     let limits = built.lib_dir.join("limits");
-    let spec = amounts.iter().fold(
-        ContainerSpec::new("main", &["sh", "-c", &format!("{three} wait")])
-            .image(IMAGE)
-            .env("FAKE_GPU_STATE", "/tmp/fake-gpu")
-            .env("FAKE_GPU_MEMORY_MIB", "16384")
-            .env("CLIENT_DLMOPEN", "1")
-            .env("FAKE_NVML_LIMITS", "/run/fake-nvml-limits")
-            .ro_mount(&limits.display().to_string(), "/run/fake-nvml-limits"),
-        |s, (k, v)| s.annotation(&format!("tessera.io/allocated.{k}"), v),
-    );
+    let spec = three_fills(&[("CLIENT_DLMOPEN", "1"), ("FAKE_NVML_LIMITS", "/run/fake-nvml-limits")])
+        .ro_mount(&limits.display().to_string(), "/run/fake-nvml-limits");
+    let c = &mut n.c;
     let cid = c.create_container(&p, spec).await?;
     c.start_container(&cid).await?;
     let held = plugin
@@ -451,13 +468,7 @@ async fn per_cgroup_limits_hold_processes_that_bypass_the_hook(version: Version)
     assert!(set.ends_with(" 4294967296 4294967296\n"), "{set:?}");
     let (code, out) = c.wait_for_exit(&cid).await?;
     assert_eq!(code, 0, "{out}");
-    let each: Vec<u64> = out
-        .lines()
-        .filter_map(|l| l.strip_prefix("allocated_mib="))
-        .map(|v| v.trim().parse().unwrap())
-        .collect();
-    assert_eq!(each.len(), 3, "{out}");
-    let together: u64 = each.iter().sum();
+    let (each, together) = allocated(&out);
     assert!(
         (3584..=4096).contains(&together),
         "three processes around the hook held {together} MiB of a 4 GiB share together ({each:?})"
