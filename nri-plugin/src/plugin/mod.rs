@@ -281,7 +281,14 @@ impl TesseraPlugin {
             mps_share: grant.share.clone().filter(|_| mps),
             claims: grant.claims.clone(),
             user: None,
-            cgroup_memory: self.cgroup_memory_of(grant.share.as_ref()),
+            // Held on the cgroup only where the node enforces shares (not `none`, which runs
+            // them unenforced and says so).
+            cgroup_memory: self.cgroup_memory_of(
+                grant
+                    .share
+                    .as_ref()
+                    .filter(|_| grant.enforced_by.is_some_and(ShareEnforcement::enforces)),
+            ),
         };
         self.books.admit(&container.id, tracked)?;
         if mps && let Some(limits) = &grant.share {

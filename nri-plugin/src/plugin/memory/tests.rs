@@ -94,6 +94,20 @@ async fn a_shares_memory_is_set_on_its_cgroup_at_start_and_cleared_at_stop() {
     ctr.pid = 202;
     plugin.start(&pod, &ctr).unwrap();
     assert!(driver.limits.lock().unwrap().is_empty(), "a whole card was limited");
+
+    // A node that runs shares unenforced (and annotates them so) sets no limit either.
+    let unenforced = node
+        .plugin(ShareEnforcement::None)
+        .holding_memory_per_cgroup(driver.clone(), node.dir.path().join("cgroup"));
+    let (pod, mut ctr) = node.signed("labelled", AllocatedDevice::share(&node.inv.gpus[4], 30, 4096), &[]);
+    unenforced.adjust(&pod, &ctr).unwrap();
+    process(&node, 203, "labelled");
+    ctr.pid = 203;
+    unenforced.start(&pod, &ctr).unwrap();
+    assert!(
+        driver.limits.lock().unwrap().is_empty(),
+        "an unenforced share was limited"
+    );
 }
 
 /// A share whose limit cannot be set, or does not read back as set, does not start: the
