@@ -158,3 +158,27 @@ fn the_real_libnvidia_ml_has_every_entry_point_dynamic_mig_calls() -> anyhow::Re
     assert_eq!(missing, tessera_node::inventory::MIG_ENTRY_POINTS);
     Ok(())
 }
+
+/// NVIDIA's real 535 and 550 `libnvidia-ml` (no GPU here: loaded, not initialised) predate
+/// per-cgroup memory limits: the probe finds the four calls it needs first and names the
+/// missing `nvmlDeviceSetMemoryLimits_v1`, so such a node says why it keeps MPS and the hook.
+#[test]
+fn the_real_535_and_550_nvml_predate_per_cgroup_memory_limits() -> anyhow::Result<()> {
+    use tessera_node::memory_limits::{Support, probe};
+    let u = Userspace::get()?;
+    let cgroup = tempfile::tempdir()?;
+    std::fs::write(cgroup.path().join("cgroup.controllers"), "cpu memory dmem\n")?;
+    for b in [Branch::R535, Branch::R550] {
+        let lib = u.library_dir(b).join(format!("libnvidia-ml.so.{}", u.version(b)));
+        let (support, limits) = probe(Some(&lib), cgroup.path());
+        assert!(limits.is_none(), "{b:?}");
+        let Support::Unsupported(why) = support else {
+            panic!("{b:?}: {support:?}")
+        };
+        assert!(
+            why.contains("has no nvmlDeviceSetMemoryLimits_v1") && why.contains("r615"),
+            "{b:?}: {why}"
+        );
+    }
+    Ok(())
+}

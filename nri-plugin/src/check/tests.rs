@@ -198,19 +198,9 @@ fn mps_nodes_need_a_ready_daemon_per_shared_card() {
     std::fs::write(cdi.join("tessera.io-gpu.json"), text).unwrap();
     let check = || {
         check_enforcement(&CheckOptions {
-            socket: dir.path().join("nri.sock"),
-            containerd_config: dir.path().join("none"),
-            crio_config: dir.path().join("none"),
-            cdi_dirs: vec![cdi.clone()],
-            keys_dir: dir.path().join("keys"),
-            host_root: dir.path().to_path_buf(),
-            driver_root: None,
-            dev_root: dir.path().to_path_buf(),
-            enforcement: ShareEnforcement::Mps,
             mps: layout.clone(),
             hook: hook.clone(),
-            cgroup_root: dir.path().join("no-cgroup"),
-            nvml_library: None,
+            ..node_under(dir.path(), &cdi, ShareEnforcement::Mps)
         })
     };
     // The CUDA hook holds a share's processes to its memory together: not installed, refused.
@@ -313,19 +303,9 @@ fn share_memory_is_said_per_cgroup_or_by_the_hook() {
     std::fs::create_dir_all(&cgroup).unwrap();
     std::fs::write(cgroup.join("cgroup.controllers"), "cpu memory dmem\n").unwrap();
     let opts = |enforcement, cgroup_root: &Path| CheckOptions {
-        socket: dir.path().join("nri.sock"),
-        containerd_config: dir.path().join("none"),
-        crio_config: dir.path().join("none"),
-        cdi_dirs: vec![cdi.clone()],
-        keys_dir: dir.path().join("keys"),
-        host_root: dir.path().to_path_buf(),
-        driver_root: None,
-        dev_root: dir.path().to_path_buf(),
-        enforcement,
-        mps: MpsLayout::new(dir.path().join("mps")),
-        hook: HookLayout::default(),
         cgroup_root: cgroup_root.to_path_buf(),
         nvml_library: Some(nvml.clone()),
+        ..node_under(dir.path(), &cdi, enforcement)
     };
     let f = check_share_memory(&opts(ShareEnforcement::Mps, &cgroup));
     assert!(
@@ -347,4 +327,24 @@ fn share_memory_is_said_per_cgroup_or_by_the_hook() {
     );
     let f = check_share_memory(&opts(ShareEnforcement::Hook, &v1));
     assert!(f.detail.contains("by the CUDA hook alone"), "{f}");
+}
+
+/// A node's check options with everything under `dir` (nothing there but what a test puts),
+/// its CDI specs in `cdi`.
+fn node_under(dir: &Path, cdi: &Path, enforcement: ShareEnforcement) -> CheckOptions {
+    CheckOptions {
+        socket: dir.join("nri.sock"),
+        containerd_config: dir.join("none"),
+        crio_config: dir.join("none"),
+        cdi_dirs: vec![cdi.to_path_buf()],
+        keys_dir: dir.join("keys"),
+        host_root: dir.to_path_buf(),
+        driver_root: None,
+        dev_root: dir.to_path_buf(),
+        enforcement,
+        mps: MpsLayout::new(dir.join("mps")),
+        hook: HookLayout::default(),
+        cgroup_root: dir.join("no-cgroup"),
+        nvml_library: None,
+    }
 }
