@@ -33,6 +33,11 @@ pub(super) struct Scratch {
     shape: NodeShape,
     positions: Vec<usize>,
     sums: super::ClassSums,
+    /// Cards a share may take (positions), and free compute per card that offers it.
+    pub(super) pool: Vec<usize>,
+    pub(super) frees: Vec<u32>,
+    /// A node's terms for one-card changes.
+    pub(super) base: super::ChangeBase,
 }
 
 impl Scratch {
@@ -43,6 +48,9 @@ impl Scratch {
             shape: NodeShape::default(),
             positions: Vec::new(),
             sums: Default::default(),
+            pool: Vec::new(),
+            frees: Vec::new(),
+            base: Default::default(),
         }
     }
 
@@ -55,6 +63,9 @@ impl Scratch {
             shape: NodeShape::default(),
             positions: Vec::new(),
             sums: Default::default(),
+            pool: Vec::new(),
+            frees: Vec::new(),
+            base: Default::default(),
         }
     }
 }
@@ -206,28 +217,19 @@ impl Evaluator<'_> {
         let cluster = self.cluster;
         let (node_policy, gpu_policy) = self.policies(pod);
         // MPS nodes keep one user per shared card, and a card's shares belong to one tenant
-        // unless the node opts in: the general path's card tier knows those rules. (Pods that
-        // name no tenant, the simulator's, are all one tenant.)
+        // unless the node opts in: the general path's card tier knows those rules, and
+        // `owned_share` takes its steps for one share without building a plan. (Pods that name
+        // no tenant, the simulator's, are all one tenant.)
         let node = &cluster.nodes[n];
         let owned_share = pod.wants_share()
             && (node.enforcement == ShareEnforcement::Mps || (!node.cross_tenant && pod.tenant != Tenant::UNNAMED));
+        if owned_share && let Some(verdict) = self.owned_share(n, pod, allowed, (node_policy, gpu_policy)) {
+            return verdict.map(|score| (score, None));
+        }
         if !Engine::is_simple(pod) || owned_share {
-            let plan = self.plan_general(n, pod, allowed, gpu_policy)?;
-            let score = self.score_plan(n, pod, &plan.usage, node_policy);
-            let node = &cluster.nodes[n];
-            let bonus: f64 = plan
-                .containers
-                .iter()
-                .filter(|c| c.cards.iter().all(|a| a.exclusive && a.mig_slot.is_none()))
-                .map(|c| {
-                    let cards: Vec<usize> = c.cards.iter().map(|a| a.card).collect();
-                    link_bonus(&CardSet {
-                        worst: worst_link(|a, b| node.link(a, b), &cards),
-                        cards,
-                    })
-                })
-                .sum();
-            return Ok((score + bonus, None));
+            return self
+                .general(n, pod, allowed, (node_policy, gpu_policy))
+                .map(|score| (score, None));
         }
         let node = &cluster.nodes[n];
         check_node_resources(node, pod)?;
@@ -304,6 +306,34 @@ impl Evaluator<'_> {
             pod,
         );
         Ok((score + bonus, Some(choice)))
+    }
+
+    /// The general path's verdict: plans the pod on node `n` (every container and phase), then
+    /// scores the plan.
+    pub(super) fn general(
+        &mut self,
+        n: usize,
+        pod: &PodDemand,
+        allowed: &[bool],
+        (node_policy, gpu_policy): (PolicyKind, PolicyKind),
+    ) -> Result<f64, String> {
+        let cluster = self.cluster;
+        let plan = self.plan_general(n, pod, allowed, gpu_policy)?;
+        let score = self.score_plan(n, pod, &plan.usage, node_policy);
+        let node = &cluster.nodes[n];
+        let bonus: f64 = plan
+            .containers
+            .iter()
+            .filter(|c| c.cards.iter().all(|a| a.exclusive && a.mig_slot.is_none()))
+            .map(|c| {
+                let cards: Vec<usize> = c.cards.iter().map(|a| a.card).collect();
+                link_bonus(&CardSet {
+                    worst: worst_link(|a, b| node.link(a, b), &cards),
+                    cards,
+                })
+            })
+            .sum();
+        Ok(score + bonus)
     }
 
     pub(super) fn plan_general(

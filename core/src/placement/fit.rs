@@ -324,7 +324,7 @@ fn place_container(
 
 /// Why `card`, which has room for a share, does not take it from `owner`: the node keeps a
 /// card's shares to one tenant, or MPS to one user.
-fn share_refused(node: &NodeState, card: usize, owner: ShareOwner) -> String {
+pub(super) fn share_refused(node: &NodeState, card: usize, owner: ShareOwner) -> String {
     let who = |u: Option<u32>| u.map_or_else(|| "an unnamed user".to_string(), |u| format!("uid {u}"));
     let refusal = node.cards[card].admits(node.enforcement, node.cross_tenant, owner);
     match refusal {

@@ -151,6 +151,18 @@ pub struct ClassSums {
     empty: bool,
 }
 
+/// A node's terms for [`Fragmentation::after_one_change`]: per level of the workload, the cards
+/// with room for it and the free compute of the others; per class, whether it could run on the
+/// node at all (model, CPU, number of cards).
+#[derive(Debug, Clone, Default)]
+pub struct ChangeBase {
+    idle: u64,
+    sorted: Vec<u32>,
+    room: Vec<u32>,
+    fragments: Vec<u64>,
+    runs: Vec<bool>,
+}
+
 /// A node's state as fragmentation sees it.
 #[derive(Debug, Clone, Default)]
 pub struct NodeShape {
@@ -192,6 +204,8 @@ pub struct Fragmentation {
     cpu_thresholds: Vec<u64>,
     memo: FxHashMap<(u128, u32), f64>,
     sorted: Vec<u32>,
+    /// Per level, the free compute of the cards with less room than it (scratch).
+    level_fragments: Vec<u64>,
 }
 
 /// Workloads with at most this many classes are computed directly: that is cheaper than a
@@ -243,6 +257,7 @@ impl Fragmentation {
             cpu_thresholds,
             memo: FxHashMap::default(),
             sorted: Vec::new(),
+            level_fragments: Vec::new(),
         }
     }
 
@@ -267,6 +282,7 @@ impl Fragmentation {
             cpu_thresholds: self.cpu_thresholds.clone(),
             memo: FxHashMap::default(),
             sorted: Vec::new(),
+            level_fragments: Vec::new(),
         }
     }
 
@@ -311,9 +327,19 @@ impl Fragmentation {
         v
     }
 
-    fn compute(&self, model: u16, cpu_free: u64) -> f64 {
+    fn compute(&mut self, model: u16, cpu_free: u64) -> f64 {
         let frees = &self.sorted;
         let idle: u64 = frees.iter().map(|&f| u64::from(f)).sum();
+        // The fragments below each level, in one pass: levels ascend, free compute descends.
+        self.level_fragments.clear();
+        let (mut below, mut fragments) = (frees.len(), 0u64);
+        for &g in &self.levels {
+            while below > 0 && frees[below - 1] < g {
+                below -= 1;
+                fragments += u64::from(frees[below]);
+            }
+            self.level_fragments.push(fragments);
+        }
         let mut total = 0.0;
         for c in &self.classes {
             let usable = c.gpu_milli > 0
@@ -322,15 +348,10 @@ impl Fragmentation {
                 && c.cards >= 1
                 && c.cards <= frees.len()
                 && frees[c.cards - 1] >= c.gpu_milli;
-            let frag = if usable {
-                // Cards with less room than the class needs per card are fragments.
-                frees
-                    .iter()
-                    .filter(|&&f| f < c.gpu_milli)
-                    .map(|&f| u64::from(f))
-                    .sum::<u64>()
-            } else {
-                idle
+            // Cards with less room than the class needs per card are fragments.
+            let frag = match c.level {
+                Some(level) if usable => self.level_fragments[level],
+                _ => idle,
             };
             total += c.weight * frag as f64;
         }
@@ -413,6 +434,61 @@ impl Fragmentation {
             let fragments = frags[i] - if from < g { from } else { 0 } + if to < g { to } else { 0 };
             let frag = if room >= cards[i] { fragments } else { idle };
             total += weights[i] * frag as f64;
+        }
+        total
+    }
+
+    /// The terms of the node with `model`, `cpu_free` and per-card free compute `frees`, for
+    /// [`Fragmentation::after_one_change`].
+    pub fn change_base(&self, out: &mut ChangeBase, model: u16, cpu_free: u64, frees: &[u32]) {
+        out.idle = frees.iter().map(|&f| u64::from(f)).sum();
+        out.sorted.clear();
+        out.sorted.extend_from_slice(frees);
+        out.sorted.sort_unstable_by(|a, b| b.cmp(a));
+        out.room.clear();
+        out.fragments.clear();
+        // Levels ascend, free compute descends: the cards below each level, in one pass.
+        let (mut below, mut fragments) = (out.sorted.len(), 0u64);
+        for &g in &self.levels {
+            while below > 0 && out.sorted[below - 1] < g {
+                below -= 1;
+                fragments += u64::from(out.sorted[below]);
+            }
+            out.room.push(below as u32);
+            out.fragments.push(fragments);
+        }
+        out.runs.clear();
+        out.runs.extend(self.classes.iter().map(|c| {
+            c.level.is_some()
+                && c.allowed.get(usize::from(model)).copied().unwrap_or(false)
+                && cpu_free >= c.cpu_milli
+                && c.cards >= 1
+                && c.cards <= frees.len()
+        }));
+    }
+
+    /// The fragmentation of the node `base` describes once one card's free compute goes from
+    /// `from` to `to` (equal: the node as it is): what [`Fragmentation::eval`] gives for the
+    /// changed node, to the bit (the same terms summed in the same order), without sorting.
+    pub fn after_one_change(&self, base: &ChangeBase, from: u32, to: u32) -> f64 {
+        // (A node without cards sums zeros: 0.0, as `eval` answers it.)
+        let idle = base.idle - u64::from(from) + u64::from(to);
+        let mut total = 0.0;
+        for (c, &runs) in self.classes.iter().zip(&base.runs) {
+            let frag = match c.level {
+                Some(l) if runs => {
+                    let g = self.levels[l];
+                    let room = base.room[l] - u32::from(from >= g) + u32::from(to >= g);
+                    if room as usize >= c.cards {
+                        base.fragments[l] - if from < g { u64::from(from) } else { 0 }
+                            + if to < g { u64::from(to) } else { 0 }
+                    } else {
+                        idle
+                    }
+                }
+                _ => idle,
+            };
+            total += c.weight * frag as f64;
         }
         total
     }

@@ -10,6 +10,7 @@ mod evaluate;
 mod fit;
 mod frag;
 mod rng;
+mod share;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -22,7 +23,9 @@ pub use fit::{
     CardAssign, CardUsage, ContainerPlacement, NodePlan, PodUsage, ShareChooser, check_node_resources,
     commit as commit_usage, plan_node, release as release_usage,
 };
-pub use frag::{ClassSums, Fragmentation, NodeShape, TargetWorkload, WorkloadClass, WorkloadLearner, fgd_score};
+pub use frag::{
+    ChangeBase, ClassSums, Fragmentation, NodeShape, TargetWorkload, WorkloadClass, WorkloadLearner, fgd_score,
+};
 pub use rng::Rng;
 pub use state::{CARD_MILLI, CardState, ClusterState, MigSlot, NodeState, ShareOwner, ShareRefusal, ShareUser, Tenant};
 

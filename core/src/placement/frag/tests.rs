@@ -175,3 +175,74 @@ fn learner_forgets_old_pods() {
     assert_eq!(w.classes[0].gpu_milli, 1000, "recent whole-card pods dominate: {w:?}");
     assert!(w.classes[0].weight > 0.85);
 }
+
+/// The definition, class by class: a usable class's fragments are the free compute of the
+/// cards with less room than it needs; an unusable class's, all the node's free compute.
+fn by_definition(w: &TargetWorkload, cluster: &ClusterState, model: u16, cpu_free: u64, frees: &[u32]) -> f64 {
+    let mut sorted = frees.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let idle: u64 = frees.iter().map(|&f| u64::from(f)).sum();
+    let mut total = 0.0;
+    for c in &w.classes {
+        let allowed = cluster.allowed_models(c.models.as_deref());
+        let cards = c.cards as usize;
+        let usable = c.gpu_milli > 0
+            && allowed[usize::from(model)]
+            && cpu_free >= c.cpu_milli
+            && (1..=sorted.len()).contains(&cards)
+            && sorted[cards - 1] >= c.gpu_milli;
+        let frag = if usable {
+            frees.iter().filter(|&&f| f < c.gpu_milli).map(|&f| u64::from(f)).sum()
+        } else {
+            idle
+        };
+        total += c.weight * frag as f64;
+    }
+    total
+}
+
+proptest::proptest! {
+    /// Fragments by level in one pass give the definition's value to the bit, memoised or not.
+    #[test]
+    fn fragmentation_is_the_definition_to_the_bit(
+        classes in proptest::collection::vec((0u64..8, 0u32..=10, 0u32..4, proptest::bool::ANY, 0.01f64..1.0), 1..48),
+        frees in proptest::collection::vec(0u32..=100, 0..10),
+        cpu_free in 0u64..8,
+        on_t4 in proptest::bool::ANY,
+    ) {
+        let mut cluster = ClusterState::new();
+        let (t4, a100) = (cluster.model_id("Tesla T4"), cluster.model_id("NVIDIA A100-SXM4-40GB"));
+        let w = TargetWorkload {
+            classes: classes
+                .iter()
+                .map(|&(cpu, tenths, cards, t4_only, weight)| WorkloadClass {
+                    cpu_milli: cpu * 1000,
+                    gpu_milli: tenths * 100,
+                    cards,
+                    models: t4_only.then(|| vec!["T4".to_string()]),
+                    weight,
+                })
+                .collect(),
+        };
+        let frees: Vec<u32> = frees.iter().map(|f| f * 10).collect();
+        let model = if on_t4 { t4 } else { a100 };
+        let mut f = Fragmentation::new(&w, &cluster);
+        let want = by_definition(&w, &cluster, model, cpu_free * 1000, &frees);
+        for _ in 0..2 {
+            proptest::prop_assert_eq!(f.eval(model, cpu_free * 1000, &frees).to_bits(), want.to_bits());
+        }
+        // One card changed, from the node's terms: the same bits as the changed node by the
+        // definition, for every card and amount taken.
+        let mut base = ChangeBase::default();
+        f.change_base(&mut base, model, cpu_free * 1000, &frees);
+        proptest::prop_assert_eq!(f.after_one_change(&base, 0, 0).to_bits(), want.to_bits());
+        for (i, &from) in frees.iter().enumerate() {
+            for to in [0, from / 2, from.saturating_sub(10), from] {
+                let mut changed = frees.clone();
+                changed[i] = to;
+                let want = by_definition(&w, &cluster, model, cpu_free * 1000, &changed);
+                proptest::prop_assert_eq!(f.after_one_change(&base, from, to).to_bits(), want.to_bits());
+            }
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! The owned-share path gives exactly the general path's verdicts, on random clusters, pods
+//! and policies.
+
+use std::collections::BTreeMap;
+
+use super::super::evaluate::{Evaluator, Scratch};
+use super::super::*;
+use crate::enforcement::{EnforcementRequirement, ShareEnforcement};
+use crate::inventory::{FixtureSource, InventorySource};
+
+const POLICIES: [PolicyKind; 6] = [
+    PolicyKind::Mosaic,
+    PolicyKind::Fgd,
+    PolicyKind::Binpack,
+    PolicyKind::Bestfit,
+    PolicyKind::Spread,
+    PolicyKind::Random,
+];
+
+fn pick<T: Clone>(rng: &mut Rng, from: &[T]) -> T {
+    from[rng.below(from.len() as u64) as usize].clone()
+}
+
+fn tenants() -> [Tenant; 3] {
+    [Tenant::UNNAMED, Tenant::named("a"), Tenant::named("b")]
+}
+
+/// A node of a random fixture with random bookings: cards idle, full, shared by random tenants
+/// and users, unhealthy; CPU and memory partly taken.
+fn random_node(cluster: &mut ClusterState, rng: &mut Rng, name: String) -> NodeState {
+    let fixture = pick(rng, &["h100x8", "t4x2", "a100-mig", "l40s-pcie-switches"]);
+    let inv = FixtureSource::new(fixture).discover().expect("built-in fixture");
+    let mut cards = cluster.cards_from_inventory(&inv.gpus);
+    for c in &mut cards {
+        c.healthy = rng.below(10) != 0;
+        if c.mig.is_some() {
+            continue;
+        }
+        match rng.below(4) {
+            0 => {}
+            1 => (c.core_used, c.memory_used) = (CARD_MILLI, c.memory_mib),
+            _ => {
+                c.core_used = 10 * (1 + rng.below(99) as u32);
+                c.memory_used = c.memory_mib * (rng.below(101)) / 100;
+                c.share_user = Some(ShareUser {
+                    uid: pick(rng, &[None, Some(0), Some(1000)]),
+                    tenant: pick(rng, &tenants()),
+                    pods: 1,
+                });
+            }
+        }
+    }
+    let enforcement = pick(
+        rng,
+        &[
+            ShareEnforcement::Unknown,
+            ShareEnforcement::None,
+            ShareEnforcement::Mps,
+            ShareEnforcement::Hook,
+        ],
+    );
+    NodeState {
+        name,
+        cpu_milli: 64_000,
+        cpu_used: rng.below(64_001),
+        memory_bytes: 256 << 30,
+        memory_used: rng.below(257) << 30,
+        cards,
+        schedulable: rng.below(12) != 0,
+        enforcement,
+        cross_tenant: rng.below(4) == 0,
+        topology: inv.topology.map(std::sync::Arc::new),
+    }
+}
+
+/// A random workload: up to 60 classes (past the size where fragmentation is memoised).
+fn random_workload(rng: &mut Rng) -> TargetWorkload {
+    let n = 1 + rng.below(60) as usize;
+    let classes = (0..n)
+        .map(|_| {
+            let cards = pick(rng, &[0u32, 1, 1, 1, 2, 4]);
+            WorkloadClass {
+                cpu_milli: 1000 * rng.below(40),
+                gpu_milli: match cards {
+                    0 => 0,
+                    1 => pick(rng, &[100, 250, 300, 500, 700, 1000]),
+                    _ => 1000,
+                },
+                cards,
+                models: pick(rng, &[None, Some(vec!["H100".to_string()])]),
+                weight: 1.0 / n as f64,
+            }
+        })
+        .collect();
+    TargetWorkload { classes }
+}
+
+/// A one-container share pod with a random owner, size, model constraint and requirement.
+fn random_share(rng: &mut Rng) -> (PodDemand, (PolicyKind, PolicyKind)) {
+    let gib = 1 + rng.below(80);
+    let memory_mib = pick(rng, &[None, Some(1024 * gib)]);
+    let mut pod = PodDemand::single(
+        1000 * rng.below(30),
+        rng.below(64) << 30,
+        Some(CardDemand::Share {
+            core_milli: 10 * (1 + rng.below(100) as u32),
+            memory_mib,
+        }),
+    );
+    pod.containers[0].run_as_user = pick(rng, &[None, Some(0), Some(1000)]);
+    pod.tenant = pick(rng, &tenants());
+    pod.gpu_models = pick(
+        rng,
+        &[None, Some(vec!["T4".into()]), Some(vec!["H100".into(), "L40S".into()])],
+    );
+    pod.share_enforcement = pick(rng, &[None, Some(EnforcementRequirement::Any)]);
+    (pod, (pick(rng, &POLICIES), pick(rng, &POLICIES)))
+}
+
+/// The verdict with the score's exact bits, so that equal means identical.
+fn exact(v: Result<f64, String>) -> Result<u64, String> {
+    v.map(f64::to_bits)
+}
+
+#[test]
+fn owned_shares_get_the_general_paths_verdicts_exactly() {
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    for seed in 0..60 {
+        let mut rng = Rng::new(seed);
+        let mut cluster = ClusterState::new();
+        for i in 0..24 {
+            let node = random_node(&mut cluster, &mut rng, format!("node-{i}"));
+            cluster.add_node(node);
+        }
+        let frag = Fragmentation::new(&random_workload(&mut rng), &cluster);
+        let config = EngineConfig::default();
+        // One scratch (random source, memos) per path, drawn from alike.
+        let (mut fast, mut general) = (Scratch::new(frag.clone(), seed), Scratch::new(frag, seed));
+        let (mut fast_frag, mut general_frag) = (vec![None; 24], vec![None; 24]);
+        for _ in 0..40 {
+            let (pod, policies) = random_share(&mut rng);
+            let allowed = cluster.allowed_models(pod.gpu_models.as_deref());
+            for n in 0..cluster.nodes.len() {
+                let mut ev = Evaluator {
+                    cluster: &cluster,
+                    config,
+                    s: &mut fast,
+                    node_frag: &mut fast_frag,
+                };
+                let got = ev
+                    .owned_share(n, &pod, &allowed, policies)
+                    .expect("a one-container share");
+                let mut ev = Evaluator {
+                    cluster: &cluster,
+                    config,
+                    s: &mut general,
+                    node_frag: &mut general_frag,
+                };
+                let want = ev.general(n, &pod, &allowed, policies);
+                let key = match &want {
+                    Ok(_) => "fits".to_string(),
+                    Err(r) => r.split([':', ';', '(']).next().unwrap_or(r).to_string(),
+                };
+                *outcomes.entry(key).or_default() += 1;
+                assert_eq!(
+                    exact(got),
+                    exact(want),
+                    "seed {seed}, node {n}: {:?}, policies {policies:?}\n{pod:?}",
+                    cluster.nodes[n]
+                );
+            }
+        }
+    }
+    // Every outcome the paths can reach was reached, fits most of all.
+    for reason in [
+        "fits",
+        "insufficient cpu",
+        "insufficient memory",
+        "node is not schedulable",
+        "no card of an allowed model",
+        "best card has 0% core, 0 GiB free",
+        "every card with room holds shares of another tenant",
+        "every card with room serves MPS clients of another user ",
+        "the pod requires enforced shares",
+        "every usable card is in MIG mode",
+    ] {
+        let seen: usize = outcomes
+            .iter()
+            .filter(|(k, _)| k.starts_with(reason))
+            .map(|(_, n)| n)
+            .sum();
+        assert!(seen > 0, "{reason:?} never happened: {outcomes:#?}");
+    }
+}
