@@ -4,7 +4,9 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tessera_core::placement::{CardDemand, CardState, ClusterState, Engine, EngineConfig, NodeState, PodDemand, Rng};
+use tessera_core::placement::{
+    CardDemand, CardState, ClusterState, Engine, EngineConfig, NodeState, PodDemand, Rng, Tenant,
+};
 use tessera_core::policy::PolicyKind;
 use tessera_simulator::{embedded, trace};
 
@@ -112,6 +114,23 @@ fn bench(c: &mut Criterion) {
                         memory_mib: Some(4096),
                     }),
                 );
+                black_box(engine.evaluate_nodes(black_box(&pod), &all).len())
+            })
+        });
+        // The same for a pod of a named tenant, as the extender's are: a card's shares belong
+        // to one tenant, so the card tier checks each card's owner.
+        group.bench_function(format!("{policy}/filter-new-shape-tenant"), |b| {
+            b.iter(|| {
+                core = if core >= 900 { 101 } else { core + 1 };
+                let mut pod = PodDemand::single(
+                    4000,
+                    8 << 30,
+                    Some(CardDemand::Share {
+                        core_milli: core,
+                        memory_mib: Some(4096),
+                    }),
+                );
+                pod.tenant = Tenant::named("team-a");
                 black_box(engine.evaluate_nodes(black_box(&pod), &all).len())
             })
         });
