@@ -57,6 +57,8 @@ pub enum Kind {
     ElasticGpuClass,
     /// resource.k8s.io/v1 ResourceSlice (cluster-scoped).
     ResourceSlice,
+    /// resource.k8s.io/v1 ResourceClaim.
+    ResourceClaim,
 }
 
 /// Every kind served under `/apis/` or generically: (kind, group/version, plural).
@@ -72,6 +74,7 @@ const GENERIC: &[(Kind, &str, &str)] = &[
     (Kind::ElasticGpuClaim, "tessera.io/v1alpha1", "elasticgpuclaims"),
     (Kind::ElasticGpuClass, "tessera.io/v1alpha1", "elasticgpuclasses"),
     (Kind::ResourceSlice, "resource.k8s.io/v1", "resourceslices"),
+    (Kind::ResourceClaim, "resource.k8s.io/v1", "resourceclaims"),
 ];
 
 impl Kind {
@@ -95,6 +98,7 @@ impl Kind {
             Kind::ElasticGpuClaim => "ElasticGPUClaim",
             Kind::ElasticGpuClass => "ElasticGPUClass",
             Kind::ResourceSlice => "ResourceSlice",
+            Kind::ResourceClaim => "ResourceClaim",
         }
     }
 
