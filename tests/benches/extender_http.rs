@@ -1,9 +1,16 @@
-//! The extender over HTTP on a 5,000-node x 8-GPU cluster that is half full (fake API server,
-//! same process): filter + prioritize round trip for one GPU pod with `NodeNames` of all 5,000
-//! nodes, against the same round trip for a pod without GPUs (HTTP and JSON cost only), and
-//! binds per second with 4 concurrent clients. Run: `cargo bench -p tessera-tests --bench extender_http`.
+//! The extender over HTTP on a cluster of 8-GPU nodes that is half full (fake API server, same
+//! process), at 5,000 and 10,000 nodes: the filter + prioritize round trip for GPU pods with
+//! `NodeNames` of every node (one shape again and again, a new shape every request, and each pod
+//! of the public trace's default list in turn), against the same round trip for a pod without
+//! GPUs (HTTP and JSON cost only); and binds per second with 4 concurrent clients.
+//! Run: `cargo bench -p tessera-tests --bench extender_http` (`-- 5000` for one size).
+//!
+//! The trace (Alibaba's cluster-trace-gpu-v2023, `openb_pod_list_default.csv`) is read from
+//! `$TESSERA_TRACE`, `.cache/traces/alibaba-gpu-v2023` (`scripts/fetch-trace.sh`) or
+//! `../shared/traces/alibaba-gpu-v2023`; without it that line is skipped.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -15,11 +22,10 @@ use tessera_core::request::ContainerRole;
 use tessera_extender::service::wire::{ExtenderFilterResult, HostPriority};
 use tessera_tests::apiserver::FakeApiServer;
 use tessera_tests::gpu_cluster::{
-    PREFIX, ReplicaOptions, gpu_node, keys, pod, scheduler_json, share_pod, start_replica,
+    PREFIX, Replica, ReplicaOptions, gpu_node, keys, pod, scheduler_json, share_pod, start_replica,
 };
 use tessera_tests::http::JsonClient;
 
-const NODES: usize = 5000;
 const ROUND_TRIPS: usize = 200;
 const BINDS: usize = 2000;
 
@@ -47,15 +53,15 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// One pod per node holding about half of its compute: idle, full and partly used cards.
-fn fill(api: &FakeApiServer, rng: &mut Rng) -> anyhow::Result<()> {
+fn fill(api: &FakeApiServer, nodes: usize, rng: &mut Rng) -> anyhow::Result<()> {
     let inv = FixtureSource {
         fixture: "h100x8".into(),
         driver_root: None,
     }
     .discover()?;
     let keys = keys();
-    for n in 0..NODES {
-        let node = format!("n{n:04}");
+    for n in 0..nodes {
+        let node = format!("n{n:05}");
         let uid = format!("uid-fill-{n}");
         let devices: Vec<AllocatedDevice> = inv
             .gpus
@@ -107,13 +113,15 @@ struct Args<'a> {
 
 /// Filter, then prioritize the nodes that passed, as the scheduler does; replies are parsed
 /// into the wire types (a typed client, like the scheduler's).
+/// `runs` round trips after 10 to warm up, taking the pods in turn.
 async fn round_trips(
     http: &mut JsonClient,
     pods: &[serde_json::Value],
     names: &[String],
+    runs: usize,
 ) -> anyhow::Result<Vec<Duration>> {
-    let mut out = Vec::with_capacity(ROUND_TRIPS);
-    for i in 0..ROUND_TRIPS + 10 {
+    let mut out = Vec::with_capacity(runs);
+    for i in 0..runs + 10 {
         let pod = &pods[i % pods.len()];
         let t = Instant::now();
         let body = serde_json::to_vec(&Args {
@@ -140,27 +148,84 @@ async fn round_trips(
     Ok(out)
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() -> anyhow::Result<()> {
-    let api = FakeApiServer::start().await?;
-    for n in 0..NODES {
-        api.create_node(&gpu_node(&format!("n{n:04}"), "h100x8"))?;
-    }
-    fill(&api, &mut Rng::new(7))?;
-    let t = Instant::now();
-    let mut r = start_replica(&api, ReplicaOptions::default()).await?;
+/// A round-trip line: median and p99, and their ratios to the no-GPU baseline's.
+fn report(what: &str, v: &mut [Duration], base: (Duration, Duration)) {
+    let (p50, p99) = (quantile(v, 0.5), quantile(v, 0.99));
     println!(
-        "extender synced {NODES} nodes and their pods in {:.0} ms",
+        "  {what:<40} median {:.2} ms, p99 {:.2} ms  (ratio to baseline {:.2} / {:.2})",
+        ms(p50),
+        ms(p99),
+        p50.as_secs_f64() / base.0.as_secs_f64(),
+        p99.as_secs_f64() / base.1.as_secs_f64()
+    );
+}
+
+/// The public trace's default pod list as the pods a scheduler would send (CPU, memory and
+/// compute as the trace gives them; the trace's model constraints are dropped, the cluster
+/// being all H100), where a copy is found.
+fn trace_pods() -> anyhow::Result<Option<(PathBuf, Vec<serde_json::Value>)>> {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dirs = [
+        std::env::var_os("TESSERA_TRACE").map(PathBuf::from),
+        Some(repo.join(".cache/traces/alibaba-gpu-v2023")),
+        Some(repo.join("../shared/traces/alibaba-gpu-v2023")),
+    ];
+    let Some(file) = dirs
+        .into_iter()
+        .flatten()
+        .map(|d| d.join("openb_pod_list_default.csv"))
+        .find(|f| f.is_file())
+    else {
+        return Ok(None);
+    };
+    let tasks = tessera_simulator::trace::read_tasks(&file)?;
+    let pods = tasks
+        .iter()
+        .map(|t| {
+            let (cpu, memory) = (format!("{}m", t.cpu_milli), format!("{}Mi", t.memory_mib));
+            let core = match (t.num_gpu, t.gpu_milli) {
+                (0, _) => None,
+                (1, m) if m < 1000 => Some(m.div_ceil(10).to_string()),
+                (n, _) => Some((100 * n).to_string()),
+            };
+            let mut limits = vec![("cpu", cpu.as_str()), ("memory", memory.as_str())];
+            if let Some(core) = &core {
+                limits.push(("tessera.io/gpu-core", core.as_str()));
+            }
+            scheduler_json(&pod(&t.name.to_lowercase(), &[("main", &limits)]))
+        })
+        .collect();
+    Ok(Some((file, pods)))
+}
+
+/// A cluster of `nodes` H100x8 nodes, half full, and an extender replica synced to it.
+async fn cluster(nodes: usize) -> anyhow::Result<(FakeApiServer, Replica, Vec<String>)> {
+    let api = FakeApiServer::start().await?;
+    for n in 0..nodes {
+        api.create_node(&gpu_node(&format!("n{n:05}"), "h100x8"))?;
+    }
+    fill(&api, nodes, &mut Rng::new(7))?;
+    let t = Instant::now();
+    let r = start_replica(&api, ReplicaOptions::default()).await?;
+    println!(
+        "{nodes} nodes: the extender synced them and their pods in {:.0} ms",
         ms(t.elapsed())
     );
-    let names: Vec<String> = (0..NODES).map(|n| format!("n{n:04}")).collect();
+    let names: Vec<String> = (0..nodes).map(|n| format!("n{n:05}")).collect();
+    Ok((api, r, names))
+}
 
+/// Filter + prioritize round trips on a cluster of `nodes`: the no-GPU baseline, one GPU
+/// shape again and again, a new shape every request, the trace's pods in turn; then the
+/// engine alone.
+async fn latency(nodes: usize, trace: Option<&[serde_json::Value]>) -> anyhow::Result<(FakeApiServer, Replica)> {
+    let (api, mut r, names) = cluster(nodes).await?;
     let gpu = api.create_pod(&share_pod("bench", 30, 8))?;
     let cpu = api.create_pod(&pod("web", &[("main", &[("cpu", "1")])]))?;
     let s0 = server_seconds(&mut r.http).await?;
-    let mut base = round_trips(&mut r.http, &[scheduler_json(&cpu)], &names).await?;
+    let mut base = round_trips(&mut r.http, &[scheduler_json(&cpu)], &names, ROUND_TRIPS).await?;
     let s1 = server_seconds(&mut r.http).await?;
-    let mut gpu_rt = round_trips(&mut r.http, &[scheduler_json(&gpu)], &names).await?;
+    let mut gpu_rt = round_trips(&mut r.http, &[scheduler_json(&gpu)], &names, ROUND_TRIPS).await?;
     let s2 = server_seconds(&mut r.http).await?;
     let runs = (ROUND_TRIPS + 10) as f64;
     let (server_base, server_gpu) = ((s1 - s0) / runs * 1e3, (s2 - s1) / runs * 1e3);
@@ -174,44 +239,44 @@ async fn main() -> anyhow::Result<()> {
             ))
         })
         .collect();
-    let mut cold = round_trips(&mut r.http, &shapes, &names).await?;
-    let (b50, b99) = (quantile(&mut base, 0.5), quantile(&mut base, 0.99));
-    let (g50, g99) = (quantile(&mut gpu_rt, 0.5), quantile(&mut gpu_rt, 0.99));
-    println!("filter+prioritize round trip, NodeNames={NODES}, {ROUND_TRIPS} runs:");
+    let mut cold = round_trips(&mut r.http, &shapes, &names, ROUND_TRIPS).await?;
+    let b = (quantile(&mut base, 0.5), quantile(&mut base, 0.99));
+    println!("  filter+prioritize round trip, NodeNames={nodes}, {ROUND_TRIPS} runs each:");
     println!(
         "  inside the extender (its metrics, mean): {server_base:.2} ms without GPUs, {server_gpu:.2} ms GPU share"
     );
     println!(
-        "  pod without GPUs (HTTP+JSON baseline): median {:.2} ms, p99 {:.2} ms",
-        ms(b50),
-        ms(b99)
+        "  {:<40} median {:.2} ms, p99 {:.2} ms",
+        "pod without GPUs (HTTP+JSON baseline):",
+        ms(b.0),
+        ms(b.1)
     );
-    let (c50, c99) = (quantile(&mut cold, 0.5), quantile(&mut cold, 0.99));
-    println!(
-        "  a new pod shape every request:         median {:.2} ms, p99 {:.2} ms  (ratio to baseline {:.2} / {:.2})",
-        ms(c50),
-        ms(c99),
-        c50.as_secs_f64() / b50.as_secs_f64(),
-        c99.as_secs_f64() / b99.as_secs_f64()
-    );
-    println!(
-        "  GPU share pod (30% + 8 GiB):           median {:.2} ms, p99 {:.2} ms  (ratio to baseline {:.2} / {:.2})",
-        ms(g50),
-        ms(g99),
-        g50.as_secs_f64() / b50.as_secs_f64(),
-        g99.as_secs_f64() / b99.as_secs_f64()
-    );
+    report("a new pod shape every request:", &mut cold, b);
+    report("GPU share pod (30% + 8 GiB) again:", &mut gpu_rt, b);
+    if let Some(trace) = trace {
+        let mut mix = round_trips(&mut r.http, trace, &names, trace.len() - 10).await?;
+        report(&format!("the trace's {} pods in turn:", trace.len()), &mut mix, b);
+    }
+    engine_only(&r, &gpu, &shapes, &names)?;
+    Ok((api, r))
+}
 
-    // The same decision without HTTP: the engine's share of the round trip.
+/// The same decisions without HTTP: the engine's share of the round trip.
+fn engine_only(
+    r: &Replica,
+    gpu: &k8s_openapi::api::core::v1::Pod,
+    shapes: &[serde_json::Value],
+    names: &[String],
+) -> anyhow::Result<()> {
     let cluster = r.running.service.cluster.clone();
-    let ask = cluster.ask(&gpu)?;
+    let ask = cluster.ask(gpu)?;
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let mut engine = Vec::new();
     for _ in 0..ROUND_TRIPS {
         let t = Instant::now();
         let out = cluster.filter(&ask, &refs);
         engine.push(t.elapsed());
-        anyhow::ensure!(out.fits.len() + out.failed.len() + out.unresolvable.len() == NODES);
+        anyhow::ensure!(out.fits.len() + out.failed.len() + out.unresolvable.len() == names.len());
     }
     let mut engine_cold = Vec::new();
     for (i, shape) in shapes.iter().enumerate() {
@@ -224,17 +289,20 @@ async fn main() -> anyhow::Result<()> {
         engine_cold.push(t.elapsed());
     }
     println!(
-        "  engine only, one filter of {NODES} nodes, new shape: median {:.2} ms, p99 {:.2} ms",
+        "  engine only, one filter, new shape:       median {:.2} ms, p99 {:.2} ms",
         ms(quantile(&mut engine_cold, 0.5)),
         ms(quantile(&mut engine_cold, 0.99))
     );
     println!(
-        "  engine only, one filter of {NODES} nodes: median {:.2} ms, p99 {:.2} ms",
+        "  engine only, one filter, same shape:      median {:.2} ms, p99 {:.2} ms",
         ms(quantile(&mut engine, 0.5)),
         ms(quantile(&mut engine, 0.99))
     );
+    Ok(())
+}
 
-    // Binds: 4 clients, each its own connection, round-robin over the nodes.
+/// Binds: 4 clients, each its own connection, round-robin over the nodes.
+async fn binds(api: &FakeApiServer, r: &Replica, nodes: usize) -> anyhow::Result<()> {
     let pods: Vec<_> = (0..BINDS)
         .map(|i| api.create_pod(&share_pod(&format!("b{i}"), 20, 4)))
         .collect::<anyhow::Result<_>>()?;
@@ -248,7 +316,7 @@ async fn main() -> anyhow::Result<()> {
                 let mut lat = Vec::new();
                 let mut failed = 0;
                 for (i, p) in mine.iter().enumerate() {
-                    let node = format!("n{:04}", (i * 4 + c) % NODES);
+                    let node = format!("n{:05}", (i * 4 + c) % nodes);
                     let args = json!({"PodName": p.metadata.name, "PodNamespace": "default",
                                       "PodUID": p.metadata.uid, "Node": node});
                     let t = Instant::now();
@@ -271,11 +339,28 @@ async fn main() -> anyhow::Result<()> {
     }
     let wall = t.elapsed();
     println!(
-        "binds, 4 concurrent clients: {BINDS} in {:.0} ms = {:.0} binds/s; median {:.2} ms, p99 {:.2} ms; {failed} did not fit",
+        "  binds, 4 concurrent clients: {BINDS} in {:.0} ms = {:.0} binds/s; median {:.2} ms, p99 {:.2} ms; {failed} did not fit",
         ms(wall),
         BINDS as f64 / wall.as_secs_f64(),
         ms(quantile(&mut lat, 0.5)),
         ms(quantile(&mut lat, 0.99))
     );
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> anyhow::Result<()> {
+    // `cargo bench` passes `--bench`; a number names one cluster size.
+    let sizes: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let sizes = if sizes.is_empty() { vec![5000, 10_000] } else { sizes };
+    let trace = trace_pods()?;
+    match &trace {
+        Some((file, pods)) => println!("trace: {} pods from {}", pods.len(), file.display()),
+        None => println!("trace: not found (bash scripts/fetch-trace.sh); its line is skipped"),
+    }
+    for nodes in sizes {
+        let (api, r) = latency(nodes, trace.as_ref().map(|(_, p)| p.as_slice())).await?;
+        binds(&api, &r, nodes).await?;
+    }
     Ok(())
 }
