@@ -1,14 +1,33 @@
 //! The node's prepared-claim records: one JSON file per claim uid, for root only.
 
+use std::collections::HashMap;
+use std::io::Read as _;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use super::{DEFAULT_STATE_DIR, PreparedClaim, is_uid};
 
 /// The node's prepared-claim records: one JSON file per claim uid, written whole (temporary
 /// file and rename) in a directory only root can write.
+///
+/// Records read are kept with the identity of the file they came from (device, inode, size,
+/// modification time): every write puts a new file in place, so a record is parsed again only
+/// when its file changed, and a prepare that checks every record costs a `stat` per record,
+/// not a parse. Clones share what was read. (A file rewritten in place, same size, within
+/// the file system's timestamp granularity would not be seen: Tessera never writes so, and
+/// only root can write the directory.)
 #[derive(Debug, Clone)]
 pub struct ClaimStore {
     dir: PathBuf,
+    read: Arc<Mutex<HashMap<String, (FileStamp, PreparedClaim)>>>,
+}
+
+/// Which file a record was read from, and in what state.
+type FileStamp = (u64, u64, u64, i64, i64);
+
+fn stamp(m: &std::fs::Metadata) -> FileStamp {
+    (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec())
 }
 
 impl Default for ClaimStore {
@@ -23,6 +42,7 @@ impl ClaimStore {
     pub fn new(state_dir: &Path) -> Self {
         Self {
             dir: state_dir.join("claims"),
+            read: Arc::default(),
         }
     }
 
@@ -38,13 +58,30 @@ impl ClaimStore {
     /// Claim `uid`'s record, if the node prepared it.
     pub fn get(&self, uid: &str) -> std::io::Result<Option<PreparedClaim>> {
         let Some(path) = self.path(uid) else { return Ok(None) };
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", path.display()))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
+        let mut file = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.read.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        // The identity of the file opened, so that what is read and what is kept agree.
+        let now = stamp(&file.metadata()?);
+        if let Some((seen, claim)) = self.read.lock().unwrap_or_else(|p| p.into_inner()).get(uid)
+            && *seen == now
+        {
+            return Ok(Some(claim.clone()));
         }
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        let claim: PreparedClaim = serde_json::from_slice(&bytes)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?;
+        self.read
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid.to_string(), (now, claim.clone()));
+        Ok(Some(claim))
     }
 
     /// Records `claim` (replacing an earlier record of it).
@@ -76,17 +113,24 @@ impl ClaimStore {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return (claims, bad);
         };
+        let mut listed = std::collections::HashSet::new();
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let Some(uid) = name.strip_suffix(".json") else {
                 continue;
             };
+            listed.insert(uid.to_string());
             match self.get(uid) {
                 Ok(Some(c)) => claims.push(c),
                 Ok(None) => {}
                 Err(err) => bad.push(err.to_string()),
             }
         }
+        // Records removed behind this store's back are forgotten too.
+        self.read
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|uid, _| listed.contains(uid));
         claims.sort_by(|a, b| a.uid.cmp(&b.uid));
         (claims, bad)
     }
@@ -139,3 +183,6 @@ impl ClaimStore {
         out
     }
 }
+
+#[cfg(test)]
+mod tests;

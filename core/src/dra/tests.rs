@@ -13,7 +13,7 @@ fn inv(fixture: &str) -> NodeInventory {
     FixtureSource::new(fixture).discover().unwrap()
 }
 
-fn result(device: &str, consumed: &[(&str, &str)]) -> resource::DeviceRequestAllocationResult {
+pub(super) fn result(device: &str, consumed: &[(&str, &str)]) -> resource::DeviceRequestAllocationResult {
     resource::DeviceRequestAllocationResult {
         driver: DRIVER.into(),
         pool: "node-a".into(),
@@ -30,7 +30,7 @@ fn result(device: &str, consumed: &[(&str, &str)]) -> resource::DeviceRequestAll
     }
 }
 
-fn claim(results: Vec<resource::DeviceRequestAllocationResult>, pods: &[&str]) -> resource::ResourceClaim {
+pub(super) fn claim(results: Vec<resource::DeviceRequestAllocationResult>, pods: &[&str]) -> resource::ResourceClaim {
     resource::ResourceClaim {
         metadata: ObjectMeta {
             name: Some("c".into()),
