@@ -48,6 +48,8 @@ pub struct CardView {
     pub memory_allocated_mib: u64,
     /// MIG devices `(used, total)`, when the card is in MIG mode.
     pub mig: Option<(usize, usize)>,
+    /// Its compute mode (`default`, `exclusive-process`), when the node says.
+    pub compute_mode: Option<String>,
     /// Pods on the card, sorted.
     pub pods: Vec<CardPod>,
     /// The tenants (namespaces) of those pods: one, unless the node shares cards between
@@ -176,6 +178,7 @@ impl ClusterView {
                     core_allocated: 0,
                     memory_allocated_mib: 0,
                     mig: g.mig_enabled.then_some((0, g.mig_devices.len())),
+                    compute_mode: g.compute_mode.map(|m| m.to_string()),
                     pods: Vec::new(),
                     tenants: Vec::new(),
                 })

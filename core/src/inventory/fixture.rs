@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    DeviceNode, DriverFile, DriverFileKind, FoundBy, Gpu, Health, InventoryError, InventorySource, MadeInstance,
-    MigDevice, MigError, MigMinors, MigPlacement, MigProfileInfo, NodeInventory,
+    ComputeMode, DeviceNode, DriverFile, DriverFileKind, FoundBy, Gpu, Health, InventoryError, InventorySource,
+    MadeInstance, MigDevice, MigError, MigMinors, MigPlacement, MigProfileInfo, NodeInventory,
 };
 use crate::mig::MigProfile;
 use crate::topology::GpuTopology;
@@ -93,6 +93,8 @@ struct FixtureGpu {
     mig_devices: Vec<FixtureMig>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     mig_profiles: Vec<MigProfileInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    compute_mode: Option<ComputeMode>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -282,6 +284,7 @@ impl Fixture {
                 mig_enabled: g.mig_enabled || !g.mig_devices.is_empty(),
                 mig_devices,
                 mig_profiles: g.mig_profiles.clone(),
+                compute_mode: g.compute_mode,
             });
         }
         gpus.sort_by_key(|g| g.index);

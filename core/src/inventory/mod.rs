@@ -205,6 +205,38 @@ pub struct Gpu {
     /// does not say).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_profiles: Vec<MigProfileInfo>,
+    /// The card's compute mode (`None`: the source did not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_mode: Option<ComputeMode>,
+}
+
+/// A card's compute mode, as NVML names it (`nvmlComputeMode_t`). In `default` mode any
+/// process may open its own context on the card: on a node that holds shares with MPS, a
+/// process that does not go through the card's MPS daemon (an empty
+/// `CUDA_MPS_PIPE_DIRECTORY`) gets the card whole. In `exclusive-process` mode the MPS
+/// daemon is the card's one context and every CUDA process goes through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ComputeMode {
+    /// Any number of contexts, from any process.
+    Default,
+    /// One context per thread (deprecated by NVIDIA).
+    ExclusiveThread,
+    /// No contexts at all.
+    Prohibited,
+    /// One process's contexts (the MPS server's, under MPS).
+    ExclusiveProcess,
+}
+
+impl std::fmt::Display for ComputeMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Default => "default",
+            Self::ExclusiveThread => "exclusive-thread",
+            Self::Prohibited => "prohibited",
+            Self::ExclusiveProcess => "exclusive-process",
+        })
+    }
 }
 
 impl Gpu {

@@ -217,6 +217,35 @@ fn published_share_memory_round_trips_and_is_optional() {
     assert_eq!(PublishedInventory::decode(&silent.encode()).unwrap().share_memory, None);
 }
 
+/// Each card's compute mode, read from a fixture (as from NVML), travels with the inventory;
+/// a node that does not say (an older one) decodes as not saying.
+#[test]
+fn published_compute_modes_round_trip_and_are_optional() {
+    let text = Fixture::builtin_text("t4x2").unwrap().replacen(
+        "    pci_bus_id:",
+        "    compute_mode: exclusive-process\n    pci_bus_id:",
+        1,
+    );
+    let inv = Fixture::parse(&text, Path::new("t4x2-modes"))
+        .unwrap()
+        .to_inventory(Path::new("t4x2-modes"), None)
+        .unwrap();
+    assert_eq!(
+        inv.gpus.iter().map(|g| g.compute_mode).collect::<Vec<_>>(),
+        [Some(ComputeMode::ExclusiveProcess), None]
+    );
+    let published = PublishedInventory::of(&inv).encode();
+    assert_eq!(
+        published.matches("\"compute_mode\":\"exclusive-process\"").count(),
+        1,
+        "{published}"
+    );
+    assert_eq!(PublishedInventory::decode(&published).unwrap().gpus, inv.gpus);
+    let bad = text.replacen("exclusive-process", "exclusive", 1);
+    let e = Fixture::parse(&bad, Path::new("t4x2-bad")).unwrap_err().to_string();
+    assert!(e.contains("exclusive"), "{e}");
+}
+
 #[test]
 fn model_constraints() {
     let gpu_model = "NVIDIA A100-SXM4-40GB";

@@ -9,8 +9,8 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
 use tessera_core::inventory::{
-    DeviceNode, Gpu, Health, InventoryError, InventorySource, MIG_MINORS_PATH, MigDevice, MigMinors, NodeInventory,
-    cap_path,
+    ComputeMode, DeviceNode, Gpu, Health, InventoryError, InventorySource, MIG_MINORS_PATH, MigDevice, MigMinors,
+    NodeInventory, cap_path,
 };
 use tessera_core::mig::MigProfile;
 
@@ -333,6 +333,17 @@ fn proc_devices_major(proc_root: &Path, driver: &str) -> Option<u32> {
         .and_then(|(major, _)| major.parse().ok())
 }
 
+/// NVML's compute mode in the inventory's words.
+fn compute_mode(mode: nvml_wrapper::enum_wrappers::device::ComputeMode) -> ComputeMode {
+    use nvml_wrapper::enum_wrappers::device::ComputeMode as Nvml;
+    match mode {
+        Nvml::Default => ComputeMode::Default,
+        Nvml::ExclusiveThread => ComputeMode::ExclusiveThread,
+        Nvml::Prohibited => ComputeMode::Prohibited,
+        Nvml::ExclusiveProcess => ComputeMode::ExclusiveProcess,
+    }
+}
+
 impl InventorySource for NvmlSource {
     fn discover(&self) -> Result<NodeInventory, InventoryError> {
         let (nvml, nvml_dir) = self.init()?;
@@ -391,6 +402,7 @@ impl InventorySource for NvmlSource {
                 mig_enabled,
                 mig_devices,
                 mig_profiles,
+                compute_mode: dev.compute_mode().ok().map(compute_mode),
             });
         }
         let control_devices = CONTROL_DEVICES
