@@ -131,6 +131,30 @@ struct Compiled {
     weight: f64,
 }
 
+impl Compiled {
+    /// Whether a task of this class could run on a node of `model` with `cpu_free` and `cards`
+    /// cards offering compute, room on them aside.
+    fn could_run(&self, model: u16, cpu_free: u64, cards: usize) -> bool {
+        self.allowed.get(usize::from(model)).copied().unwrap_or(false)
+            && cpu_free >= self.cpu_milli
+            && self.cards >= 1
+            && self.cards <= cards
+    }
+}
+
+/// For each level (ascending), the cards with room for it and the free compute of the others,
+/// in one pass over `sorted` (free compute, descending).
+fn level_walk(levels: &[u32], sorted: &[u32], mut each: impl FnMut(u32, u64)) {
+    let (mut below, mut fragments) = (sorted.len(), 0u64);
+    for &g in levels {
+        while below > 0 && sorted[below - 1] < g {
+            below -= 1;
+            fragments += u64::from(sorted[below]);
+        }
+        each(below as u32, fragments);
+    }
+}
+
 /// A node's fragmentation by class ([`Fragmentation::sums`]): per distinct per-card demand of
 /// the workload, how many cards have room for it and the free compute of those that do not;
 /// the classes that could run there at all (model, CPU, number of cards), weighed together.
@@ -330,24 +354,12 @@ impl Fragmentation {
     fn compute(&mut self, model: u16, cpu_free: u64) -> f64 {
         let frees = &self.sorted;
         let idle: u64 = frees.iter().map(|&f| u64::from(f)).sum();
-        // The fragments below each level, in one pass: levels ascend, free compute descends.
         self.level_fragments.clear();
-        let (mut below, mut fragments) = (frees.len(), 0u64);
-        for &g in &self.levels {
-            while below > 0 && frees[below - 1] < g {
-                below -= 1;
-                fragments += u64::from(frees[below]);
-            }
-            self.level_fragments.push(fragments);
-        }
+        level_walk(&self.levels, frees, |_, fragments| self.level_fragments.push(fragments));
         let mut total = 0.0;
         for c in &self.classes {
-            let usable = c.gpu_milli > 0
-                && c.allowed.get(usize::from(model)).copied().unwrap_or(false)
-                && cpu_free >= c.cpu_milli
-                && c.cards >= 1
-                && c.cards <= frees.len()
-                && frees[c.cards - 1] >= c.gpu_milli;
+            let usable =
+                c.gpu_milli > 0 && c.could_run(model, cpu_free, frees.len()) && frees[c.cards - 1] >= c.gpu_milli;
             // Cards with less room than the class needs per card are fragments.
             let frag = match c.level {
                 Some(level) if usable => self.level_fragments[level],
@@ -380,11 +392,7 @@ impl Fragmentation {
         out.group_weight.resize(self.groups.len(), 0.0);
         out.unusable_weight = 0.0;
         for c in &self.classes {
-            let usable = c.gpu_milli > 0
-                && c.allowed.get(usize::from(model)).copied().unwrap_or(false)
-                && cpu_free >= c.cpu_milli
-                && c.cards >= 1
-                && c.cards <= frees.len();
+            let usable = c.gpu_milli > 0 && c.could_run(model, cpu_free, frees.len());
             match c.group {
                 Some(g) if usable => out.group_weight[g] += c.weight,
                 _ => out.unusable_weight += c.weight,
@@ -447,24 +455,16 @@ impl Fragmentation {
         out.sorted.sort_unstable_by(|a, b| b.cmp(a));
         out.room.clear();
         out.fragments.clear();
-        // Levels ascend, free compute descends: the cards below each level, in one pass.
-        let (mut below, mut fragments) = (out.sorted.len(), 0u64);
-        for &g in &self.levels {
-            while below > 0 && out.sorted[below - 1] < g {
-                below -= 1;
-                fragments += u64::from(out.sorted[below]);
-            }
-            out.room.push(below as u32);
+        level_walk(&self.levels, &out.sorted, |room, fragments| {
+            out.room.push(room);
             out.fragments.push(fragments);
-        }
+        });
         out.runs.clear();
-        out.runs.extend(self.classes.iter().map(|c| {
-            c.level.is_some()
-                && c.allowed.get(usize::from(model)).copied().unwrap_or(false)
-                && cpu_free >= c.cpu_milli
-                && c.cards >= 1
-                && c.cards <= frees.len()
-        }));
+        out.runs.extend(
+            self.classes
+                .iter()
+                .map(|c| c.level.is_some() && c.could_run(model, cpu_free, frees.len())),
+        );
     }
 
     /// The fragmentation of the node `base` describes once one card's free compute goes from
