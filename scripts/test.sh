@@ -30,7 +30,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # an exception says why in its #[allow(clippy::too_many_lines, reason = ...)]).
 cargo clippy --workspace --exclude tessera-tests --lib --bins --locked -- -D warnings -D clippy::too_many_lines
 # The real-cluster tests and the GPU harness's dry run use Tessera's own binaries and the CUDA
-# hook's cdylib (tests/tests/cluster.rs, gpu_dry_run.rs): built first (`--bins` alone leaves the
+# hook's cdylib (tests/tests/cluster.rs, gpu_dry_run.rs, gpu_cluster_dry_run.rs): built first (`--bins` alone leaves the
 # cdylib out of target/debug).
 cargo build --workspace --bins --lib --locked
 cargo test --workspace --locked

@@ -9,7 +9,6 @@
 //! against the whole card measured in the same run. With `--dry-run` (no GPU) the same cases run
 //! against a fixture node, a fake MPS daemon and a shell probe: the plumbing, not CUDA.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -25,6 +24,11 @@ use tessera_node::inventory::NvmlSource;
 use tessera_proto::cri;
 use tessera_tests::containerd::{ContainerSpec, Containerd, Pod, Version};
 use tessera_tests::fake_node::{FakeNodePaths, fake_node};
+
+#[path = "report.rs"]
+mod report;
+
+use report::{Baseline, Row, Verdict, judge_share, num, parse, pass, summary, table};
 
 const NODE: &str = "gpu-node";
 const PROBE_IMAGE: &str = "docker.io/tessera/probe:gpu";
@@ -66,103 +70,6 @@ fn args() -> anyhow::Result<Args> {
         a.probe_image.display()
     );
     Ok(a)
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Verdict {
-    Pass,
-    Fail,
-    /// Not run on this machine (the row says why).
-    Skip,
-}
-
-/// One row of the table.
-struct Row {
-    runtime: String,
-    case: &'static str,
-    expected: String,
-    observed: String,
-    verdict: Verdict,
-}
-
-/// The probe's `key=value` lines.
-fn parse(out: &str) -> BTreeMap<String, String> {
-    out.lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect()
-}
-
-fn num(kv: &BTreeMap<String, String>, k: &str) -> Option<f64> {
-    kv.get(k).and_then(|v| v.parse().ok())
-}
-
-fn summary(kv: &BTreeMap<String, String>) -> String {
-    let get = |k: &str| kv.get(k).map(String::as_str).unwrap_or("-");
-    let mut s = format!("devices={}", get("devices"));
-    for k in [
-        "name",
-        "sms",
-        "mem_total_mib",
-        "alloc",
-        "kernels_per_s",
-        "mps_threads",
-        "mps_shm",
-        "hook_memory",
-        "filled_mib",
-        "pool_alloc",
-        "pool_reserved_mib",
-        "pool_then_alloc",
-        "vmm_map",
-        "vmm_then_alloc",
-        "error",
-    ] {
-        if let Some(v) = kv.get(k) {
-            let _ = write!(s, " {k}={v}");
-        }
-    }
-    s
-}
-
-/// What the whole card showed (the baseline for shares).
-#[derive(Clone, Copy, Default)]
-struct Baseline {
-    sms: Option<f64>,
-    rate: Option<f64>,
-}
-
-/// A share's probe output judged against the baseline: about `percent`% of the SMs, at most
-/// `mib` of memory allocatable (`--fill`; under MPS `cudaMemGetInfo` still reports the whole
-/// card, seen on an H100 with driver 580), a 20 GiB allocation refused. Dry: connected to the
-/// card's (fake) daemon.
-fn judge_share(
-    dry: bool,
-    kv: &BTreeMap<String, String>,
-    base: Baseline,
-    uuid: &str,
-    percent: f64,
-    mib: f64,
-) -> (bool, String) {
-    let mut observed = summary(kv);
-    if let (Some(r), Some(w)) = (num(kv, "kernels_per_s"), base.rate) {
-        let _ = write!(observed, " throughput {:.2}x whole", r / w);
-    }
-    if let (Some(s), Some(w)) = (num(kv, "sms"), base.sms) {
-        let _ = write!(observed, " ({:.0}% of the SMs)", 100.0 * s / w);
-    }
-    let pass = if dry {
-        kv.get("mps_threads").map(String::as_str) == Some("30") && kv.get("mps_shm").map(String::as_str) == Some(uuid)
-    } else {
-        let sms_ok = match (num(kv, "sms"), base.sms) {
-            (Some(s), Some(w)) => (s / w) > (percent - 10.0) / 100.0 && (s / w) < (percent + 15.0) / 100.0,
-            _ => false,
-        };
-        kv.get("devices").map(String::as_str) == Some("1")
-            && sms_ok
-            && num(kv, "filled_mib").is_some_and(|m| m <= mib && m >= mib / 2.0)
-            && kv.get("alloc").is_some_and(|a| a != "ok")
-    };
-    (pass, observed)
 }
 
 struct Stack {
@@ -556,10 +463,6 @@ fn topology_view(a: &Args, runtime: &str) -> anyhow::Result<Row> {
     })
 }
 
-fn pass(ok: bool) -> Verdict {
-    if ok { Verdict::Pass } else { Verdict::Fail }
-}
-
 async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
     let c = Containerd::start(version).await?;
     let runtime = format!("containerd {}", c.package_version());
@@ -683,7 +586,7 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
     let spec = s.spec(&["/probe", "--alloc-gib", "20", "--bench-ms", "3000", "--fill"], &SHARE);
     let (verdict, observed) = match s.run(&pod, spec).await {
         Ok((_, out)) => {
-            let (ok, o) = judge_share(dry, &parse(&out), base, &gpu.uuid, 30.0, 8192.0);
+            let (ok, o) = judge_share(dry, &parse(&out), base, Some(&gpu.uuid), 30.0, 8192.0);
             (pass(ok), o)
         }
         Err(e) => (Verdict::Fail, e),
@@ -718,7 +621,7 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
                     summary(&kv),
                 )
             } else {
-                judge_share(dry, &kv, base, &gpu.uuid, 30.0, 8192.0)
+                judge_share(dry, &kv, base, Some(&gpu.uuid), 30.0, 8192.0)
             };
             (pass(ok), o)
         }
@@ -744,7 +647,7 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
     let mut judged = Vec::new();
     for id in ids.iter().flatten() {
         judged.push(match s.wait(id, 120).await {
-            Ok((_, out)) => judge_share(dry, &parse(&out), base, &gpu.uuid, 30.0, 8192.0),
+            Ok((_, out)) => judge_share(dry, &parse(&out), base, Some(&gpu.uuid), 30.0, 8192.0),
             Err(e) => (false, format!("{e:#}")),
         });
     }
@@ -1091,25 +994,6 @@ async fn cases(a: &Args, version: Version) -> anyhow::Result<Vec<Row>> {
         eprintln!("containerd log:\n{}", s.c.log_tail(30));
     }
     Ok(rows)
-}
-
-fn table(rows: &[Row]) -> String {
-    let w = |f: &dyn Fn(&Row) -> usize| rows.iter().map(f).max().unwrap_or(0);
-    let (w0, w1, w2) = (w(&|r| r.runtime.len()), w(&|r| r.case.len()), w(&|r| r.expected.len()));
-    let mut s = String::new();
-    for r in rows {
-        let v = match r.verdict {
-            Verdict::Pass => "PASS",
-            Verdict::Fail => "FAIL",
-            Verdict::Skip => "SKIP",
-        };
-        let _ = writeln!(
-            s,
-            "{:<w0$} | {:<w1$} | {:<w2$} | {v} | {}",
-            r.runtime, r.case, r.expected, r.observed
-        );
-    }
-    s
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]

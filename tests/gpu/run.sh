@@ -5,11 +5,20 @@
 # Prints a table: runtime | case | expected | PASS/FAIL/SKIP | observed (SKIP: needs a newer driver than
 # the machine has, naming its version). Exits 1 if a case fails.
 #
+# Then, with `--only cluster` or by default after that table, Tessera on a real Kubernetes on the
+# same machine (tessera-gpu-cluster: v1.36.2's control plane, a kubelet and containerd 2.x in a
+# network namespace of their own, Tessera's node agents on NVML, the extender and the DRA plugin):
+# pods through the real scheduler, the kubelet's Allocate and NodePrepareResources, the probe in
+# each; MPS, then hook; pod start of a share pod against a plain one. Its table goes to
+# $OUT/gpu-cluster-table.txt.
+#
 # Not part of .ci/run (CI has no GPU). On a machine with an NVIDIA GPU, driver, nvcc, root and
 # no network, from the repository root:
 #
 #   bash tests/gpu/pack.sh        # on a machine with network: builds .cache/gpu/bundle.tar.xz
-#   bash tests/gpu/run.sh         # on the GPU machine (carry .cache/gpu there)
+#                                 # and .cache/gpu/cluster.tar.xz (Kubernetes, etcd, CNI)
+#   bash tests/gpu/run.sh [--only cri|cluster]   # on the GPU machine (carry .cache/gpu there:
+#                                 # each tarball is under 64 MiB, so two transfers can carry them)
 #   bash tests/gpu/run.sh --dry-run   # anywhere: the same cases on a fixture node, no CUDA
 #
 # The bundle holds the release binaries (stripped), containerd 1.7 and 2.x, runc and busybox
@@ -20,13 +29,16 @@
 #
 #   bash tests/gpu/run.sh --dry-run --bin-dir target/debug   # the dry run on binaries built
 #       here (`cargo build --workspace`) and the runtimes tests/runtimes/fetch.sh fetched, no
-#       bundle: what the test suite runs (tests/tests/gpu_dry_run.rs)
+#       bundle: what the test suite runs (tests/tests/gpu_dry_run.rs, gpu_cluster_dry_run.rs)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-dry="" bin_dir=""
+dry="" bin_dir="" only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1; shift ;;
+    --only)
+      case "${2:-}" in cri|cluster) only="$2" ;; *) echo "run.sh: --only takes cri or cluster, not '${2:-}'" >&2; exit 2 ;; esac
+      shift 2 ;;
     --bin-dir) bin_dir="$(cd "${2:?--bin-dir needs a directory}" && pwd)"; shift 2 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -35,7 +47,8 @@ work="$(mktemp -d /tmp/tgpu.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 if [ -n "$bin_dir" ]; then
   mkdir -p "$work/bin"
-  for b in tessera-cdi-generator tessera-nri-plugin tessera-mps-supervisor tessera-gpu-e2e; do
+  for b in tessera-cdi-generator tessera-nri-plugin tessera-mps-supervisor tessera-gpu-e2e \
+    tessera-gpu-cluster tessera-extender tessera-device-plugin tessera-dra-plugin; do
     [ -x "$bin_dir/$b" ] || { echo "run.sh: $bin_dir/$b is not built (cargo build --workspace --bins --lib)" >&2; exit 2; }
     ln -s "$bin_dir/$b" "$work/bin/$b"
   done
@@ -49,6 +62,21 @@ else
   [ -f "$bundle" ] || { echo "run.sh: $bundle is missing: run tests/gpu/pack.sh first" >&2; exit 2; }
   tar -xJf "$bundle" -C "$work"
   export TESSERA_RUNTIME_CACHE="$work/runtimes"
+  if [ "$only" != cri ]; then
+    # Kubernetes, etcd and the CNI plugins, laid out as tests/cluster/fetch.sh's cache.
+    kube="$repo/.cache/gpu/cluster.tar.xz"
+    [ -f "$kube" ] || { echo "run.sh: $kube is missing: run tests/gpu/pack.sh first (or --only cri)" >&2; exit 2; }
+    tar -xJf "$kube" -C "$work"
+    mkdir -p "$work/cluster/kube/bin"
+    xz -dc "$work/cluster/kube-all.xz" > "$work/cluster/kube/bin/kube-all" && chmod +x "$work/cluster/kube/bin/kube-all"
+    for n in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do ln -s kube-all "$work/cluster/kube/bin/$n"; done
+    export TESSERA_CLUSTER_CACHE="$work/cluster"
+  fi
+fi
+if [ "$only" != cri ]; then
+  for t in ip nsenter openssl mount; do
+    command -v "$t" >/dev/null || { echo "run.sh: the cluster part needs $t on PATH (or --only cri)" >&2; exit 2; }
+  done
 fi
 
 echo "== machine: $(uname -r), $(nproc) cores"
@@ -95,16 +123,24 @@ else
 fi
 bash "$repo/tests/runtimes/oci-image.sh" "$root" docker.io/tessera/probe:gpu "$work/probe.tar"
 
-out="${OUT:-$work}/gpu-table.txt"
 rc=0
-"$work/bin/tessera-gpu-e2e" --bin-dir "$work/bin" --probe-image "$work/probe.tar" \
-  ${dry:+--dry-run "$repo/mps/tests/fixtures/fake-mps-control"} --out "$out" || rc=$?
+if [ "$only" != cluster ]; then
+  out="${OUT:-$work}/gpu-table.txt"
+  "$work/bin/tessera-gpu-e2e" --bin-dir "$work/bin" --probe-image "$work/probe.tar" \
+    ${dry:+--dry-run "$repo/mps/tests/fixtures/fake-mps-control"} --out "$out" || rc=$?
 
-# The hook under a real framework, on the host (tests/gpu/torch_hook.py), where python3 has
-# PyTorch and CuPy.
-if [ -z "$dry" ] && python3 -c 'import torch, cupy' 2>/dev/null; then
-  uuid="$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)"
-  python3 "$repo/tests/gpu/torch_hook.py" --hook "$work/bin/libtessera-cuda-hook.so" --uuid "$uuid" \
-    --out "$out" || rc=$?
+  # The hook under a real framework, on the host (tests/gpu/torch_hook.py), where python3 has
+  # PyTorch and CuPy.
+  if [ -z "$dry" ] && python3 -c 'import torch, cupy' 2>/dev/null; then
+    uuid="$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)"
+    python3 "$repo/tests/gpu/torch_hook.py" --hook "$work/bin/libtessera-cuda-hook.so" --uuid "$uuid" \
+      --out "$out" || rc=$?
+  fi
+fi
+
+if [ "$only" != cri ]; then
+  "$work/bin/tessera-gpu-cluster" --probe-image "$work/probe.tar" --hook-library "$work/bin/libtessera-cuda-hook.so" \
+    ${dry:+--dry-run "$repo/mps/tests/fixtures/fake-mps-control" --rounds 3} \
+    --out "${OUT:-$work}/gpu-cluster-table.txt" || rc=$?
 fi
 exit "$rc"

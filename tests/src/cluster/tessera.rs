@@ -17,6 +17,7 @@ use super::{Cluster, NODE};
 use crate::nvidia::{Branch, Layout, Userspace};
 use anyhow::Context as _;
 use serde_json::Value;
+use tessera_core::enforcement::ShareEnforcement;
 use tessera_core::inventory::{FixtureSource, InventorySource};
 use tessera_deploy::{self as manifests, ManifestOptions};
 use tessera_node::inventory::create_device_nodes;
@@ -154,26 +155,135 @@ pub fn fixture_file(c: &Cluster) -> PathBuf {
     c.dir().join("node-fixture.yaml")
 }
 
+/// Where the node's GPUs come from.
+#[derive(Debug, Clone)]
+pub enum Gpus {
+    /// A built-in fixture (`t4x2`, `h100x8`, ...) on fake device nodes, NVIDIA's real 535 files
+    /// as the driver.
+    Fixture(String),
+    /// The machine's own GPUs through NVML, the driver where the node agents find it.
+    Nvml,
+}
+
+/// How Tessera is installed on a cluster.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub gpus: Gpus,
+    /// The `tessera.io/gpu-core` the node publishes once ready (0: no wait).
+    pub core: u32,
+    /// Installs the DRA driver too (`tessera-manifests --dra`).
+    pub dra: bool,
+    /// How the node holds shares (`mps` starts the MPS supervisor).
+    pub enforcement: ShareEnforcement,
+    /// The CUDA hook the cdi-generator installs in hook and MPS modes.
+    pub hook_library: Option<PathBuf>,
+    /// A stand-in for NVIDIA's MPS control program (MPS mode on a fixture node).
+    pub mps_control: Option<PathBuf>,
+}
+
 /// Applies the manifests and starts Tessera's components on `c`, the node being `fixture`
 /// (whose whole and shareable cards add up to `core` units of `tessera.io/gpu-core`);
-/// `dra` installs the DRA driver too (`tessera-manifests --dra`).
+/// `dra` installs the DRA driver too (`tessera-manifests --dra`). Shares are not enforced.
 pub async fn install(c: &mut Cluster, fixture: &str, core: u32, dra: bool) -> anyhow::Result<Installed> {
+    install_with(
+        c,
+        &Setup {
+            gpus: Gpus::Fixture(fixture.into()),
+            core,
+            dra,
+            enforcement: ShareEnforcement::None,
+            hook_library: None,
+            mps_control: None,
+        },
+    )
+    .await
+}
+
+/// Applies the manifests as [`Setup`] renders them and starts Tessera's components on `c`.
+pub async fn install_with(c: &mut Cluster, setup: &Setup) -> anyhow::Result<Installed> {
     let opts = ManifestOptions {
-        share_enforcement: tessera_core::enforcement::ShareEnforcement::None,
-        dra,
+        share_enforcement: setup.enforcement,
+        dra: setup.dra,
         ..Default::default()
     };
     let objects = manifests::objects(&opts);
+    let (keys_dir, public_dir) = apply_manifests(c, &objects)?;
+    start_node_agents(c, setup, &objects, &public_dir)?;
+    // The extender, with its ServiceAccount's rights.
+    let ext = container(&objects, "Deployment", "tessera-extender", "extender");
+    let mut cmd = c.command(bin("tessera-extender"));
+    cmd.args(with_flags(
+        &args_of(ext),
+        &[
+            ("--keys-dir", keys_dir.display().to_string()),
+            ("--listen", "127.0.0.1:8888".to_string()),
+        ],
+    ))
+    .envs(env_of(ext))
+    .env("POD_NAME", "tessera-extender-0")
+    .env("POD_NAMESPACE", NS)
+    .env("KUBECONFIG", sa_kubeconfig(c, "tessera-extender")?);
+    c.spawn("extender", cmd)?;
+
+    // The second scheduler: the manifests' configuration, the extender on loopback, its
+    // client certificate from the Secret the extender writes (as the Deployment mounts it).
+    let client_dir = c.dir().join("extender-client");
+    scheduler_files(c, &client_dir).await?;
+    let config = objects
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "tessera-scheduler")
+        .and_then(|o| o["data"]["scheduler-config.yaml"].as_str())
+        .context("the scheduler's ConfigMap")?
+        .replace(
+            &format!("https://tessera-extender.{NS}.svc:8888"),
+            "https://127.0.0.1:8888",
+        )
+        .replace("/etc/tessera/extender-client", &client_dir.display().to_string());
+    let sched_kc = sa_kubeconfig(c, "tessera-scheduler")?;
+    let config = format!("{}clientConnection:\n  kubeconfig: {}\n", config, sched_kc.display());
+    let config_path = c.dir().join("tessera-scheduler.yaml");
+    std::fs::write(&config_path, config)?;
+    let mut cmd = c.command(c.kube_bin().join("kube-scheduler"));
+    cmd.arg(format!("--config={}", config_path.display()))
+        .args(["--secure-port=10269", "--bind-address=127.0.0.1", "-v=2"])
+        .arg(format!("--authentication-kubeconfig={}", sched_kc.display()))
+        .arg(format!("--authorization-kubeconfig={}", sched_kc.display()));
+    c.spawn("tessera-scheduler", cmd)?;
+
+    // Ready: the node publishes its GPUs (the device plugin's resources on the node; a
+    // node whose cards have no MIG instance yet, `core` 0, has none to publish).
+    if setup.core == 0 {
+        return Ok(Installed { keys_dir });
+    }
+    c.wait_for(
+        &[&format!("node/{NODE}")],
+        "{.status.allocatable.tessera\\.io/gpu-core}",
+        &setup.core.to_string(),
+        std::time::Duration::from_secs(60),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "device plugin:\n{}\ncdi-generator:\n{}",
+            c.log_tail("device-plugin", 20),
+            c.log_tail("cdi-generator", 20)
+        )
+    })?;
+    Ok(Installed { keys_dir })
+}
+
+/// The manifests but the workloads (which run as the test's processes), the hand-off keys as
+/// the README makes them and the node's label; returns the private and public keys' folders.
+fn apply_manifests(c: &Cluster, objects: &[Value]) -> anyhow::Result<(PathBuf, PathBuf)> {
     // As the README: the namespace first, then the key Secret in it, then the manifests.
     c.kubectl_ok(&["create", "namespace", NS])?;
-    // Everything but the workloads, which run as the test's processes below.
     let applied: Vec<String> = objects
         .iter()
         .filter(|o| !matches!(o["kind"].as_str(), Some("Deployment" | "DaemonSet")))
         .map(|o| serde_json::to_string(o).unwrap())
         .collect();
     let out = c.apply(&applied.join("\n---\n"))?;
-    assert!(!out.contains("Warning"), "the manifests draw warnings: {out}");
+    anyhow::ensure!(!out.contains("Warning"), "the manifests draw warnings: {out}");
     // The hand-off keys, as the README makes them: an Ed25519 key with OpenSSL, the
     // private one for the extender, the public one for the nodes.
     let (keys_dir, public_dir) = (c.dir().join("keys"), c.dir().join("public-keys"));
@@ -226,12 +336,32 @@ pub async fn install(c: &mut Cluster, fixture: &str, core: u32, dra: bool) -> an
         &format!("--from-file=k1={}", public.display()),
     ])?;
     c.kubectl_ok(&["label", "node", NODE, "tessera.io/gpu-node=true"])?;
+    Ok((keys_dir, public_dir))
+}
 
-    // The node: fake device nodes of the fixture, NVIDIA's real 535 files as the driver.
+/// Where a fixture node's GPUs are: its fixture file (which a test may change: a card going
+/// unhealthy), NVIDIA's real 535 files as the driver, fake device nodes of the fixture; the
+/// flags that name them (`--fixture`, `--driver-root`, `--dev-root`).
+fn fixture_node(c: &Cluster, fixture: &str) -> anyhow::Result<[String; 3]> {
     let inv = FixtureSource::new(fixture).discover()?;
     let dev_root = c.dir().join("devroot");
     create_device_nodes(&inv, &dev_root)?;
     let driver_root = Userspace::get()?.root(Branch::R535, Layout::Distro).to_path_buf();
+    let fixture_file = fixture_file(c);
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../core/fixtures/{fixture}.yaml")),
+        &fixture_file,
+    )?;
+    Ok([
+        format!("--fixture={}", fixture_file.display()),
+        format!("--driver-root={}", driver_root.display()),
+        format!("--dev-root={}", dev_root.display()),
+    ])
+}
+
+/// The node DaemonSet's containers as the test's processes, each with the flags and the
+/// environment the manifests give it, but for where things are on this cluster.
+fn start_node_agents(c: &mut Cluster, setup: &Setup, objects: &[Value], public_dir: &Path) -> anyhow::Result<()> {
     let (mps_root, hook_root) = (c.dir().join("mps"), c.dir().join("hook"));
     let dra_state = dra_state_dir(c);
     let node_env = |cont: &Value| -> BTreeMap<String, String> {
@@ -251,29 +381,52 @@ pub async fn install(c: &mut Cluster, fixture: &str, core: u32, dra: bool) -> an
         ("--proc-root", "/proc".to_string()),
         ("--metrics-listen", "127.0.0.1:9403".to_string()),
         ("--state-dir", dra_state.display().to_string()),
+        ("--cgroup-root", "/sys/fs/cgroup".to_string()),
     ];
-    // The node agents read the fixture from a file of the cluster's, which a test may
-    // change (a card going unhealthy).
-    let fixture_file = fixture_file(c);
-    std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../core/fixtures/{fixture}.yaml")),
-        &fixture_file,
-    )?;
-    let fixture = [
-        format!("--fixture={}", fixture_file.display()),
-        format!("--driver-root={}", driver_root.display()),
-        format!("--dev-root={}", dev_root.display()),
-    ];
-    for (name, extra) in [
-        (
-            "cdi-generator",
-            vec![format!("--driver-bundle-dir={}", c.dir().join("bundles").display())],
-        ),
-        ("device-plugin", vec![]),
-        ("nri-plugin", vec![]),
-        (
-            "dra-plugin",
-            vec![
+    // A fixture node names its fixture, driver and device nodes; NVML needs no flag.
+    let fixture: Vec<String> = match &setup.gpus {
+        Gpus::Fixture(f) => fixture_node(c, f)?.to_vec(),
+        Gpus::Nvml => Vec::new(),
+    };
+    let hook: Vec<String> = setup
+        .hook_library
+        .iter()
+        .map(|l| format!("--hook-library={}", l.display()))
+        .collect();
+    let mps_control: Vec<String> = match &setup.mps_control {
+        // The stand-in daemon's clients are Python processes: health checks 10 s apart, not
+        // every 5 s (tests/gpu/e2e.rs says what that costs two cores), yet well within the 30 s
+        // after which the NRI plugin takes a card's state for a dead supervisor's.
+        Some(fake) => vec![format!("--control-binary={}", fake.display()), "--check-secs=10".into()],
+        None => Vec::new(),
+    };
+    for name in [
+        "mps-supervisor",
+        "cdi-generator",
+        "device-plugin",
+        "nri-plugin",
+        "dra-plugin",
+    ] {
+        if (name == "dra-plugin" && !setup.dra)
+            || (name == "mps-supervisor" && setup.enforcement != ShareEnforcement::Mps)
+        {
+            continue;
+        }
+        let cont = container(objects, "DaemonSet", "tessera-node", name);
+        let program = cont["command"][0].as_str().context("a command")?.to_string();
+        let mut args = with_flags(&args_of(cont), &node_sets);
+        let named = fixture.iter().take(2).cloned();
+        match name {
+            "mps-supervisor" => args.extend(named.chain(mps_control.iter().cloned())),
+            "cdi-generator" => args.extend(
+                fixture
+                    .iter()
+                    .cloned()
+                    .chain([format!("--driver-bundle-dir={}", c.dir().join("bundles").display())])
+                    .chain(hook.iter().cloned()),
+            ),
+            "device-plugin" => args.extend(named),
+            "dra-plugin" => args.extend(named.chain([
                 format!("--registry-dir={}", c.kubelet_root().join("plugins_registry").display()),
                 format!(
                     "--plugin-dir={}",
@@ -283,19 +436,7 @@ pub async fn install(c: &mut Cluster, fixture: &str, core: u32, dra: bool) -> an
                         .display()
                 ),
                 "--poll-secs=1".to_string(),
-            ],
-        ),
-    ] {
-        if name == "dra-plugin" && !dra {
-            continue;
-        }
-        let cont = container(&objects, "DaemonSet", "tessera-node", name);
-        let program = cont["command"][0].as_str().context("a command")?.to_string();
-        let mut args = with_flags(&args_of(cont), &node_sets);
-        match name {
-            "cdi-generator" => args.extend(fixture.iter().cloned().chain(extra)),
-            "device-plugin" => args.extend(fixture[..2].iter().cloned()),
-            "dra-plugin" => args.extend(fixture[..2].iter().cloned().chain(extra)),
+            ])),
             _ => {}
         }
         let mut cmd = c.command(bin(&program));
@@ -305,68 +446,7 @@ pub async fn install(c: &mut Cluster, fixture: &str, core: u32, dra: bool) -> an
             .env("RUST_LOG", "info");
         c.spawn(name, cmd)?;
     }
-
-    // The extender, with its ServiceAccount's rights.
-    let ext = container(&objects, "Deployment", "tessera-extender", "extender");
-    let mut cmd = c.command(bin("tessera-extender"));
-    cmd.args(with_flags(
-        &args_of(ext),
-        &[
-            ("--keys-dir", keys_dir.display().to_string()),
-            ("--listen", "127.0.0.1:8888".to_string()),
-        ],
-    ))
-    .envs(env_of(ext))
-    .env("POD_NAME", "tessera-extender-0")
-    .env("POD_NAMESPACE", NS)
-    .env("KUBECONFIG", sa_kubeconfig(c, "tessera-extender")?);
-    c.spawn("extender", cmd)?;
-
-    // The second scheduler: the manifests' configuration, the extender on loopback, its
-    // client certificate from the Secret the extender writes (as the Deployment mounts it).
-    let client_dir = c.dir().join("extender-client");
-    scheduler_files(c, &client_dir).await?;
-    let config = objects
-        .iter()
-        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "tessera-scheduler")
-        .and_then(|o| o["data"]["scheduler-config.yaml"].as_str())
-        .context("the scheduler's ConfigMap")?
-        .replace(
-            &format!("https://tessera-extender.{NS}.svc:8888"),
-            "https://127.0.0.1:8888",
-        )
-        .replace("/etc/tessera/extender-client", &client_dir.display().to_string());
-    let sched_kc = sa_kubeconfig(c, "tessera-scheduler")?;
-    let config = format!("{}clientConnection:\n  kubeconfig: {}\n", config, sched_kc.display());
-    let config_path = c.dir().join("tessera-scheduler.yaml");
-    std::fs::write(&config_path, config)?;
-    let mut cmd = c.command(c.kube_bin().join("kube-scheduler"));
-    cmd.arg(format!("--config={}", config_path.display()))
-        .args(["--secure-port=10269", "--bind-address=127.0.0.1", "-v=2"])
-        .arg(format!("--authentication-kubeconfig={}", sched_kc.display()))
-        .arg(format!("--authorization-kubeconfig={}", sched_kc.display()));
-    c.spawn("tessera-scheduler", cmd)?;
-
-    // Ready: the node publishes its GPUs (the device plugin's resources on the node; a
-    // node whose cards have no MIG instance yet, `core` 0, has none to publish).
-    if core == 0 {
-        return Ok(Installed { keys_dir });
-    }
-    c.wait_for(
-        &[&format!("node/{NODE}")],
-        "{.status.allocatable.tessera\\.io/gpu-core}",
-        &core.to_string(),
-        std::time::Duration::from_secs(60),
-    )
-    .await
-    .with_context(|| {
-        format!(
-            "device plugin:\n{}\ncdi-generator:\n{}",
-            c.log_tail("device-plugin", 20),
-            c.log_tail("cdi-generator", 20)
-        )
-    })?;
-    Ok(Installed { keys_dir })
+    Ok(())
 }
 
 /// Points the webhook Service at the extender's process (its selector would find no pod):
