@@ -94,10 +94,10 @@ impl Phase<'_> {
             let logs = self.c.kubectl_ok(&["logs", &name, "-c", cname]).unwrap_or_default();
             out.push((cname.to_string(), logs));
         }
-        let _ = self.c.kubectl(&["delete", "pod", &name, "--wait=true"]);
-        match ended {
+        let r = match ended {
             Ok(phase) if phase == "Succeeded" => Ok(out),
             Ok(phase) => Err(format!("pod {name} {phase}: {out:?}")),
+            // What the pod went through (its events), before it goes.
             Err(e) => Err(format!(
                 "{e:#}: {}",
                 self.c
@@ -109,7 +109,9 @@ impl Phase<'_> {
                     .collect::<Vec<_>>()
                     .join(" / ")
             )),
-        }
+        };
+        let _ = self.c.kubectl(&["delete", "pod", &name, "--wait=true"]);
+        r
     }
 
     /// A share's output judged in this phase's mode.
