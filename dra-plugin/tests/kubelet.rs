@@ -599,13 +599,16 @@ async fn dynamic_mig_creates_an_instance_per_claim_and_destroys_it_when_done() {
 
     // A placement that overlaps it (a stale allocation): refused, nothing asked of the card,
     // nothing left.
+    // It waited for u-a's unprepare first (half the CDI wait), in case the kubelet was about to.
     claims.set(allocated("b", "u-b", "gpu-0-mig-1g-5gb-at-5", &[]));
+    let t = std::time::Instant::now();
     let got = prepare(&mut client, &[claim_ref("b", "u-b")]).await;
     assert!(
         got["u-b"].error.contains("are taken by MIG instance"),
         "{}",
         got["u-b"].error
     );
+    assert!(t.elapsed() >= Duration::from_millis(2400), "{:?}", t.elapsed());
     assert_eq!(*parts.created.lock().unwrap(), 1);
     assert_eq!(instances(&fixture).len(), 1);
     assert!(plugin.store().get("u-b").unwrap().is_none());
@@ -653,12 +656,15 @@ async fn dynamic_mig_creates_an_instance_per_claim_and_destroys_it_when_done() {
     .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     claims.set(allocated("d", "u-d", "gpu-1-mig-1g-5gb-at-6", &[]));
+    let t = std::time::Instant::now();
     let got = prepare(&mut client, &[claim_ref("d", "u-d")]).await;
     assert!(
         got["u-d"].error.contains("are taken by MIG instance"),
         "{}",
         got["u-d"].error
     );
+    // No claim holds it, so no unprepare will free it: refused without a wait.
+    assert!(t.elapsed() < Duration::from_millis(2000), "{:?}", t.elapsed());
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         instances(&fixture).iter().any(|(u, ..)| *u == theirs.uuid),
@@ -771,6 +777,31 @@ async fn dynamic_mig_creates_an_instance_per_claim_and_destroys_it_when_done() {
     assert_eq!(out.claims["u-a"].error, "");
     assert!(instances(&fixture).is_empty());
     assert!(plugin.store().get("u-a").unwrap().is_none());
+
+    // A claim allocated slices that a claim still prepared holds (its pod was deleted, the
+    // scheduler gave its slices away, the kubelet has not unprepared it yet): the prepare waits
+    // for that unprepare and gets its instance, rather than failing into the kubelet's
+    // back-off (seen: over 90 s on the real cluster).
+    claims.set(allocated("f", "u-f", "gpu-0-mig-3g-20gb-at-4", &[]));
+    assert_eq!(prepare(&mut client, &[claim_ref("f", "u-f")]).await["u-f"].error, "");
+    claims.set(allocated("g", "u-g", "gpu-0-mig-1g-5gb-at-5", &[]));
+    let mut kubelet = DraPluginClient::new(channel(endpoint.clone()).await);
+    let t = std::time::Instant::now();
+    let unprepared = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        kubelet
+            .node_unprepare_resources(unprepare("u-f"))
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    let got = prepare(&mut client, &[claim_ref("g", "u-g")]).await;
+    assert_eq!(got["u-g"].error, "");
+    assert!(t.elapsed() >= Duration::from_millis(800), "{:?}", t.elapsed());
+    assert_eq!(unprepared.await.unwrap().claims["u-f"].error, "");
+    let now = instances(&fixture);
+    assert_eq!((now.len(), now[0].2), (1, 5), "{now:?}");
+    assert!(plugin.store().get("u-g").unwrap().is_some());
     plugin.stop().await;
     generator.abort();
 }

@@ -4,7 +4,7 @@
 
 use tessera_core::dra::{self, Carve, PreparedClaim};
 use tessera_core::handoff::AllocatedDevice;
-use tessera_core::inventory::{InventorySource, MadeInstance, NodeInventory};
+use tessera_core::inventory::{Gpu, InventorySource, MadeInstance, NodeInventory};
 use tracing::{info, warn};
 
 use super::{CarveError, ClaimError, Preparer};
@@ -115,6 +115,26 @@ impl Preparer {
         }
     }
 
+    /// The recorded claim whose MIG instance `uuid` is, if one is.
+    pub(super) fn holder_of(&self, uuid: &str) -> Option<String> {
+        let (records, _) = self.store.list();
+        records
+            .into_iter()
+            .find(|r| {
+                r.devices.iter().any(|d| {
+                    d.carved.is_some() && matches!(&d.allocated, AllocatedDevice::Mig { uuid: u, .. } if u == uuid)
+                })
+            })
+            .map(|r| r.uid)
+    }
+
+    /// How long the kubelet's call waits for a claim whose MIG instance is in the way to be
+    /// unprepared: half the CDI wait, so that an instance made after it still has time to be
+    /// listed within the kubelet's 45 s.
+    pub fn held_wait(&self) -> std::time::Duration {
+        self.cdi_wait / 2
+    }
+
     /// Whether the node's CDI spec (the CDI generator's) lists device `uuid`.
     fn cdi_lists(&self, uuid: &str) -> bool {
         let Ok(entries) = std::fs::read_dir(&self.cdi_dir) else {
@@ -149,14 +169,26 @@ impl Preparer {
     /// the ledger first and noted there once made.
     pub(super) fn carve(&self, inv: &NodeInventory, uid: &str, plan: &Carve) -> Result<MadeInstance, CarveError> {
         let p = self.partitioner.as_ref().ok_or(CarveError::NoPartitioner)?;
-        let card = inv.gpu_by_uuid(&plan.parent_uuid).ok_or(CarveError::CardGone)?;
-        // An allocation older than the card's instances (an operator made one there since the
-        // slice was read): refused before anything is written or made.
-        if let Some(m) = card
-            .mig_devices
-            .iter()
-            .find(|m| m.placement.is_none_or(|p| p.overlaps(&plan.placement)))
+        let in_the_way = |card: &Gpu| {
+            card.mig_devices
+                .iter()
+                .find(|m| m.placement.is_none_or(|p| p.overlaps(&plan.placement)))
+                .cloned()
+        };
+        let mut card = inv.gpu_by_uuid(&plan.parent_uuid).ok_or(CarveError::CardGone)?;
+        // The inventory is the last poll's: an instance in the way may have gone since (an
+        // unprepare destroyed it), so the card is read again before refusing.
+        let fresh;
+        if in_the_way(card).is_some()
+            && let Some(now) = self.read_card(&plan.parent_uuid)
         {
+            fresh = now;
+            card = &fresh;
+        }
+        // An allocation older than the card's instances (an operator made one there since the
+        // slice was read, or a claim not yet unprepared holds one): refused before anything is
+        // written or made.
+        if let Some(m) = in_the_way(card) {
             return Err(CarveError::SlicesTaken {
                 start: plan.placement.start,
                 end: plan.placement.start + plan.placement.size,
@@ -183,6 +215,12 @@ impl Preparer {
             warn!(uid, instance = m.uuid, error = %e, "cannot note a made MIG instance");
         }
         Ok(m)
+    }
+
+    /// Card `uuid` as the node's cards are now, where they can be read.
+    fn read_card(&self, uuid: &str) -> Option<Gpu> {
+        let inv = self.source.as_ref()?.discover().ok()?;
+        inv.gpus.into_iter().find(|g| g.uuid == uuid)
     }
 
     /// Destroys what a prepare of claim `uid` that failed made (`made`, also where the ledger

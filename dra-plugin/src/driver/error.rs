@@ -80,6 +80,11 @@ pub enum ClaimError {
     /// The claim's allocation cannot be prepared here.
     #[error("{0}")]
     Plan(#[from] DraError),
+    /// A MIG instance another claim of this node holds is where the allocation points; it goes
+    /// when the kubelet unprepares `holder` (a pod just deleted, whose claim the scheduler has
+    /// already given away).
+    #[error("{message}")]
+    HeldByClaim { holder: String, message: String },
     /// A device it would get is in use in a way that excludes it (core's reason).
     #[error("{0}")]
     CardInUse(String),

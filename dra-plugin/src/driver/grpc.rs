@@ -6,9 +6,9 @@ use std::sync::Arc;
 use tessera_proto::dra as api;
 use tessera_proto::dra::dra_plugin_server::DraPlugin;
 use tonic::{Request, Response, Status};
-use tracing::warn;
+use tracing::{info, warn};
 
-use super::Preparer;
+use super::{ClaimError, Preparer};
 
 /// The gRPC face of a [`Preparer`].
 pub struct DraService(pub Arc<Preparer>);
@@ -24,7 +24,25 @@ impl DraPlugin for DraService {
         let mut waiting: Vec<(String, Vec<String>)> = Vec::new();
         for c in request.into_inner().claims {
             let key = format!("{}/{}", c.namespace, c.name);
-            let answer = match self.0.prepare(&c).await {
+            // A claim whose MIG slices another claim's instance holds waits a while for that
+            // claim's unprepare (the kubelet's, of a pod just deleted) rather than failing
+            // into the kubelet's back-off: the lock is free meanwhile.
+            let mut said = false;
+            let prepared = loop {
+                match self.0.prepare(&c).await {
+                    Err(ClaimError::HeldByClaim { holder, .. }) if asked.elapsed() < self.0.held_wait() => {
+                        if !std::mem::replace(&mut said, true) {
+                            info!(
+                                claim = key,
+                                holder, "waits for the claim whose MIG instance is in its way"
+                            );
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    }
+                    other => break other,
+                }
+            };
+            let answer = match prepared {
                 Ok((devices, instances)) => {
                     if !instances.is_empty() {
                         waiting.push((c.uid.clone(), instances));

@@ -159,10 +159,23 @@ impl Preparer {
         // A MIG instance the claim was allocated is created here, named in the ledger first:
         // a crash before the record leaves a ledger entry, and the instance is destroyed.
         let mut made: Vec<(Carve, MadeInstance)> = Vec::new();
+        let mut held_by = None;
         let planned = dra::prepare_with(&inv, &self.node, &claim.uid, &found, &mut |plan| {
-            let m = self.carve(&inv, &claim.uid, plan).map_err(|e| e.to_string())?;
+            let m = self.carve(&inv, &claim.uid, plan).map_err(|e| {
+                if let CarveError::SlicesTaken { instance, .. } = &e {
+                    held_by = self.holder_of(instance);
+                }
+                e.to_string()
+            })?;
             made.push((plan.clone(), m.clone()));
             Ok(m)
+        })
+        .map_err(|e| match held_by.take() {
+            Some(holder) => ClaimError::HeldByClaim {
+                holder,
+                message: e.to_string(),
+            },
+            None => ClaimError::Plan(e),
         });
         let recorded = async {
             let mut prepared = planned?;
