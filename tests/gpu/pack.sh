@@ -4,7 +4,8 @@
 # for glibc 2.28) and the containerd 1.7 / 2.x, runc
 # and busybox the harness fetched (tests/runtimes/fetch.sh); and, for its cluster part, into
 # .cache/gpu/cluster.tar.xz: Kubernetes (the shared multi-call binary, still compressed), etcd
-# and the CNI plugins the cluster uses (tests/cluster/fetch.sh). Carry `.cache/gpu` to the GPU
+# and the CNI plugins the cluster uses (tests/cluster/fetch.sh), and Debian's `ip`
+# (tests/gpu/fetch-tools.sh). Carry `.cache/gpu` to the GPU
 # machine (each file under 64 MiB: one per transfer where both are too much at once). Prints
 # their sizes.
 set -euo pipefail
@@ -52,6 +53,9 @@ rm -rf "$stage/cluster" && mkdir -p "$stage/cluster/etcd/usr/bin" "$stage/cluste
 cp "$kube_xz" "$stage/cluster/kube-all.xz"
 cp "$cluster/etcd/usr/bin/etcd" "$stage/cluster/etcd/usr/bin/"
 for p in bridge host-local loopback portmap; do cp "$cluster/cni/usr/lib/cni/$p" "$stage/cluster/cni/usr/lib/cni/"; done
+# `ip` with its libraries, for a GPU machine without one (run.sh uses the machine's own first).
+tools="$(bash tests/gpu/fetch-tools.sh | awk '$1 == "ip" {print $3}')"
+cp -a "$tools" "$stage/cluster/ip"
 cp "$cluster/ready-v1" "$stage/cluster/ready-v1"
 tar -C "$stage" -cf - cluster | xz -T0 -9 > .cache/gpu/cluster.tar.xz.tmp
 mv .cache/gpu/cluster.tar.xz.tmp .cache/gpu/cluster.tar.xz

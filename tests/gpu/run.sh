@@ -71,6 +71,14 @@ else
     xz -dc "$work/cluster/kube-all.xz" > "$work/cluster/kube/bin/kube-all" && chmod +x "$work/cluster/kube/bin/kube-all"
     for n in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do ln -s kube-all "$work/cluster/kube/bin/$n"; done
     export TESSERA_CLUSTER_CACHE="$work/cluster"
+    # The machine's `ip` if it has one, else Debian's from the bundle, with its libraries.
+    if ! command -v ip >/dev/null && [ -x "$work/cluster/ip/bin/ip" ]; then
+      mkdir -p "$work/tools"
+      printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$work/cluster/ip/lib" "$work/cluster/ip/bin/ip" > "$work/tools/ip"
+      chmod +x "$work/tools/ip"
+      export PATH="$PATH:$work/tools"
+      echo "== ip: the machine has none, Debian's from the bundle ($("$work/tools/ip" -V))"
+    fi
   fi
 fi
 if [ "$only" != cri ]; then
