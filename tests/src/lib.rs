@@ -7,6 +7,7 @@ pub mod containerd;
 pub mod fake_node;
 pub mod fetched;
 pub mod gpu_cluster;
+pub mod gpu_dry_run;
 pub mod http;
 pub mod kubelet;
 pub mod mps;

@@ -4,8 +4,7 @@
 //! daemon, every case of the GPU run (extender pods, DRA claims, pod start) in MPS and then hook
 //! mode. Keeps the harness working between GPU runs.
 
-use std::path::Path;
-use std::process::Command;
+use tessera_tests::gpu_dry_run;
 
 /// Every case the harness runs, by mode: what a GPU run's table holds too.
 const CASES: [(&str, &[&str]); 2] = [
@@ -35,25 +34,9 @@ const CASES: [(&str, &[&str]); 2] = [
 
 #[test]
 fn the_gpu_cluster_harness_dry_run_passes_every_case() {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let exe = std::env::current_exe().unwrap();
-    let built = exe.parent().and_then(Path::parent).unwrap();
-    let out = tempfile::tempdir().unwrap();
-    let run = Command::new("bash")
-        .arg(repo.join("tests/gpu/run.sh"))
-        .args(["--dry-run", "--only", "cluster", "--bin-dir"])
-        .arg(built)
-        .env("OUT", out.path())
-        .output()
-        .unwrap();
-    let table = std::fs::read_to_string(out.path().join("gpu-cluster-table.txt")).unwrap_or_default();
-    let tail = String::from_utf8_lossy(&run.stderr)
-        .lines()
-        .rev()
-        .take(40)
-        .collect::<Vec<_>>()
-        .join("\n");
-    assert!(run.status.success(), "{table}\n{tail}");
+    let run = gpu_dry_run::run("cluster", "gpu-cluster-table.txt");
+    let table = &run.table;
+    assert!(run.passed, "{table}\n{}", run.stderr_tail);
     let rows: Vec<&str> = table.lines().filter(|l| l.contains(" | ")).collect();
     for (mode, cases) in CASES {
         for case in cases {
