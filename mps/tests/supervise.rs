@@ -977,10 +977,11 @@ fn exclusive_process_mode_holds_while_a_card_serves_mps() {
     }
     // The second card leaves: its daemon stops and the card is set back; the first is kept.
     std::fs::write(&fixture, &one_card).unwrap();
+    // Its marker goes once nvidia-smi has set it back (the fake logs the call as it starts).
     s.wait("the second card set back", Duration::from_secs(20), |_| {
         calls().contains(&format!("-i {} -c DEFAULT", cards[1]))
+            && !tessera_mps::compute_mode::marker(&layout, &cards[1]).exists()
     });
-    assert!(!tessera_mps::compute_mode::marker(&layout, &cards[1]).exists());
     assert!(!calls().contains(&format!("-i {} -c DEFAULT", cards[0])), "{}", calls());
     assert!(s.ready(&cards[0]));
     // It comes back while its mode cannot be set: no daemon, the reason in its state.
@@ -1029,8 +1030,8 @@ log:
     let s = Running::start_with(dir.path(), fixture.to_str().unwrap(), &args);
     s.wait("the leftover set back", Duration::from_secs(20), |_| {
         calls().matches(&format!("-i {} -c DEFAULT", cards[1])).count() > before
+            && !tessera_mps::compute_mode::marker(&layout, &cards[1]).exists()
     });
-    assert!(!tessera_mps::compute_mode::marker(&layout, &cards[1]).exists());
     drop(s);
     // Exclusive-process mode no longer asked for: a card it left exclusive (its marker, after
     // a supervisor that died) is set back though it still hosts shares, and none is set
@@ -1043,9 +1044,10 @@ log:
     let plain: Vec<std::ffi::OsString> = args.iter().filter(|a| *a != "--exclusive-process").cloned().collect();
     let s = Running::start_with(dir.path(), fixture.to_str().unwrap(), &plain);
     s.wait("the card set back", Duration::from_secs(20), |s| {
-        s.ready(&cards[0]) && calls().matches(&format!("-i {} -c DEFAULT", cards[0])).count() > before
+        s.ready(&cards[0])
+            && calls().matches(&format!("-i {} -c DEFAULT", cards[0])).count() > before
+            && !tessera_mps::compute_mode::marker(&layout, &cards[0]).exists()
     });
-    assert!(!tessera_mps::compute_mode::marker(&layout, &cards[0]).exists());
     // Its daemon runs on a card open to processes that go around MPS, and its state says so.
     assert_eq!(
         s.state(&cards[0]).and_then(|st| st.exclusive_process),
