@@ -5,6 +5,9 @@
 //! runs processes: reading a node is `tessera_node`'s, the I/O of the services their own. The
 //! binaries check their flags' values alike with [`flags`].
 
+// Production functions stay under clippy.toml's length (tests may run long; CONTRIBUTING.md).
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
+
 pub mod cdi;
 pub mod dra;
 pub mod driver;

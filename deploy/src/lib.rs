@@ -2,6 +2,9 @@
 //! YAML (`tessera-manifests`). `deploy/tessera.yaml` and `deploy/scheduler-config.yaml`, next
 //! to this crate, are the default rendering; a test fails when they drift from this code.
 
+// Production functions stay under clippy.toml's length (tests may run long; CONTRIBUTING.md).
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
+
 use serde::Serialize;
 use tessera_core::enforcement::ShareEnforcement;
 

@@ -1,3 +1,6 @@
+// Production functions stay under clippy.toml's length (tests may run long; CONTRIBUTING.md).
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

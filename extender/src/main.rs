@@ -1,3 +1,6 @@
+// Production functions stay under clippy.toml's length (tests may run long; CONTRIBUTING.md).
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
+
 mod serve_cmd;
 
 use clap::{Parser, Subcommand};

@@ -1,6 +1,9 @@
 //! `kubectl-tessera`: put it on the PATH and run `kubectl tessera inspect` or
 //! `kubectl tessera pod NAME`.
 
+// Production functions stay under clippy.toml's length (tests may run long; CONTRIBUTING.md).
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
+
 use std::io::Write as _;
 
 use clap::{Parser, Subcommand};

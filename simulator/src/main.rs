@@ -6,6 +6,9 @@
 //! the figures mean; writes the chart (SVG) and, on request, CSV and JSON. A trace is checked
 //! before the run (see [`tessera_simulator::check`]).
 
+// Production functions stay under clippy.toml's length (tests may run long; CONTRIBUTING.md).
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
