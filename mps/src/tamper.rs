@@ -135,6 +135,8 @@ struct Heard {
     /// current one that is not also one of this one's is read (everything the supervisor sent
     /// for this one was logged before).
     previous: Option<MpsCeiling>,
+    /// The sets of the current ceiling's default memory limit the daemon logged.
+    memory_sets: u64,
 }
 
 impl Tally {
@@ -156,6 +158,9 @@ impl Tally {
             }
             Kind::Stop => heard.stops.add(cmd),
             Kind::Own => {
+                if heard.current.is_some_and(|c| default_commands(&c)[1] == cmd) {
+                    heard.memory_sets += 1;
+                }
                 if let (Some(current), Some(previous)) = (heard.current, heard.previous)
                     && sent_for(cmd, &current)
                     && !sent_for(cmd, &previous)
@@ -177,6 +182,13 @@ impl Tally {
         }
         heard.previous = heard.current.replace(ceiling);
         true
+    }
+
+    /// How many of the supervisor's own sets of the default memory limit the daemon has logged:
+    /// a set answers nothing, and the daemon drops a command that meets another client's
+    /// connection, so its log is how a set is known to have been taken.
+    pub fn memory_sets(&self) -> u64 {
+        self.heard().memory_sets
     }
 
     /// Resolves once a change was heard since this last resolved (at once if one was).
@@ -202,6 +214,19 @@ mod tests {
     const C: MpsCeiling = MpsCeiling {
         active_thread_percentage: 30,
         pinned_memory_mib: 8192,
+    };
+
+    /// A tally whose ceiling was [`C`] and is now [`LOWER`].
+    fn lowered() -> Tally {
+        let tally = Tally::default();
+        tally.expect(C);
+        tally.expect(LOWER);
+        tally
+    }
+
+    const LOWER: MpsCeiling = MpsCeiling {
+        active_thread_percentage: 30,
+        pinned_memory_mib: 4096,
     };
 
     fn at(cmd: &str) -> String {
@@ -335,13 +360,7 @@ mod tests {
 
     #[test]
     fn the_previous_ceilings_commands_hold_until_the_new_ones_are_logged() {
-        let tally = Tally::default();
-        tally.expect(C);
-        let lower = MpsCeiling {
-            active_thread_percentage: 30,
-            pinned_memory_mib: 4096,
-        };
-        tally.expect(lower);
+        let tally = lowered();
         // The old ceiling's commands, logged before the new ones were sent, are the supervisor's.
         let old = at("set_default_device_pinned_mem_limit 0 8192M");
         assert_eq!(tally.hear(&old), Some(Kind::Own));
@@ -358,5 +377,23 @@ mod tests {
         );
         assert_eq!(tally.hear(&old), Some(Kind::Change));
         assert_eq!(tally.take_changes().count, 1);
+    }
+
+    /// Only the current ceiling's memory set, as the daemon logged it, counts as taken: not the
+    /// previous ceiling's logged late, nor another command.
+    #[test]
+    fn a_memory_set_counts_once_logged() {
+        let tally = lowered();
+        for cmd in [
+            "set_default_device_pinned_mem_limit 0 8192M",
+            "set_default_active_thread_percentage 30",
+            "get_default_device_pinned_mem_limit 0",
+            "set_device_pinned_mem_limit 4242 0 4096M",
+        ] {
+            tally.hear(&at(cmd));
+        }
+        assert_eq!(tally.memory_sets(), 0);
+        tally.hear(&at("set_default_device_pinned_mem_limit 0 4096M"));
+        assert_eq!(tally.memory_sets(), 1);
     }
 }

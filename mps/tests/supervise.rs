@@ -47,6 +47,20 @@ impl Running {
     }
 
     /// With `args`, and `env` set for the supervisor (`RUST_LOG`).
+    /// On the t4x2 fixture with `control`, health checks a minute apart, and the daemon's
+    /// output at debug (the commands it took, in order), with `env` added.
+    fn start_logging(root: &Path, control: &Path, env: &[(&str, &str)]) -> Self {
+        let args: Vec<std::ffi::OsString> = vec![
+            "--control-binary".into(),
+            control.into(),
+            "--check-secs".into(),
+            "60".into(),
+        ];
+        let mut env = env.to_vec();
+        env.push(("RUST_LOG", "info,tessera_mps::supervisor=debug"));
+        Self::start_env(root, "t4x2", &args, &env)
+    }
+
     fn start_env(root: &Path, fixture: &str, args: &[std::ffi::OsString], env: &[(&str, &str)]) -> Self {
         let log = root.join(format!(
             "supervisor-{}.log",
@@ -85,6 +99,14 @@ impl Running {
             std::thread::sleep(Duration::from_millis(50));
         }
         start.elapsed()
+    }
+
+    /// Writes `c` as `card`'s wanted ceiling and waits until its daemon holds it.
+    fn hold(&self, card: &str, c: tessera_core::enforcement::MpsCeiling) {
+        self.layout.write_ceiling(card, &c).unwrap();
+        self.wait("the ceiling held", Duration::from_secs(5), |s| {
+            s.state(card).unwrap().ceiling == Some(c)
+        });
     }
 
     fn ready(&self, uuid: &str) -> bool {
@@ -618,10 +640,7 @@ fn a_flood_of_limit_changes_is_answered_once(b: Branch) {
         active_thread_percentage: 30,
         pinned_memory_mib: 8192,
     };
-    s.layout.write_ceiling(card, &c).unwrap();
-    s.wait("the ceiling held", Duration::from_secs(2), |s| {
-        s.state(card).unwrap().ceiling == Some(c)
-    });
+    s.hold(card, c);
     let pipe = s.layout.pipe_dir(card);
     let defaults = || {
         (
@@ -750,28 +769,13 @@ fn a_limit_change_hidden_in_its_words_is_put_back() {
     let dir = tempfile::tempdir().unwrap();
     let cards = uuids("t4x2");
     let card = &cards[0];
-    let args: Vec<std::ffi::OsString> = vec![
-        "--control-binary".into(),
-        control(Branch::R535).into(),
-        "--check-secs".into(),
-        "60".into(),
-    ];
-    // The daemon's output at debug: the commands it took, in order.
-    let s = Running::start_env(
-        dir.path(),
-        "t4x2",
-        &args,
-        &[("RUST_LOG", "info,tessera_mps::supervisor=debug")],
-    );
+    let s = Running::start_logging(dir.path(), &control(Branch::R535), &[]);
     s.wait("ready", Duration::from_secs(20), |s| cards.iter().all(|u| s.ready(u)));
     let c = MpsCeiling {
         active_thread_percentage: 30,
         pinned_memory_mib: 8192,
     };
-    s.layout.write_ceiling(card, &c).unwrap();
-    s.wait("the ceiling held", Duration::from_secs(2), |s| {
-        s.state(card).unwrap().ceiling == Some(c)
-    });
+    s.hold(card, c);
     let tenant = s.layout.client_dir(card);
     let pct = || ask(&s.layout, card, "get_default_active_thread_percentage", None);
     // Each re-apply is waited for to its end: the daemon is then free for the next command (a
@@ -803,18 +807,70 @@ fn a_limit_change_hidden_in_its_words_is_put_back() {
     ] {
         let before = applied(&s);
         ask_in(&tenant, theirs, Some(65534));
-        assert_eq!(
-            ask(&s.layout, card, "get_default_device_pinned_mem_limit 0", None),
-            "8G"
-        );
+        // Read only once the re-apply is done: the daemon serves one control connection, and
+        // a command that meets another in progress may be dropped unanswered (a set's too).
         s.wait(
             &format!("the ceiling set after {theirs:?}"),
             Duration::from_secs(2),
             |s| sent_after(&s.log(), theirs, "set_default_device_pinned_mem_limit 0 8192M") && applied(s) > before,
         );
+        assert_eq!(
+            ask(&s.layout, card, "get_default_device_pinned_mem_limit 0", None),
+            "8G"
+        );
     }
     // Each was reported.
     assert_eq!(reapplies(&s.log(), card).1, 5, "{}", s.log());
+}
+
+/// A memory limit's set answers nothing and reads back only to the GiB, and the daemon drops a
+/// command that meets another client's held connection. A tenant that sets 9215M (which reads
+/// as the 8G of an 8192M ceiling) and then keeps the daemon busy has the supervisor's re-apply
+/// dropped unseen: the supervisor sets the limit again until the daemon logs the set. (The fake
+/// daemon drops the supervisor's next memory set after the tenant's, as the real one sometimes
+/// drops a command meeting a held connection; without the check the 9215M stays and no set is
+/// logged after it.)
+#[test]
+fn a_memory_limit_set_the_daemon_dropped_is_set_again() {
+    use std::io::Write as _;
+    use tessera_core::enforcement::MpsCeiling;
+    let dir = tempfile::tempdir().unwrap();
+    let cards = uuids("t4x2");
+    let card = &cards[0];
+    let fake = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-mps-control");
+    let theirs = "set_default_device_pinned_mem_limit 0 9215M";
+    let s = Running::start_logging(
+        dir.path(),
+        &fake,
+        &[
+            ("FAKE_MPS_DROP_AFTER", theirs),
+            ("FAKE_MPS_DROP", "set_default_device_pinned_mem_limit 0 8192M"),
+        ],
+    );
+    s.wait("ready", Duration::from_secs(20), |s| cards.iter().all(|u| s.ready(u)));
+    let c = MpsCeiling {
+        active_thread_percentage: 30,
+        pinned_memory_mib: 8192,
+    };
+    s.hold(card, c);
+    let mut tenant = Command::new(&fake)
+        .env("CUDA_MPS_PIPE_DIRECTORY", s.layout.client_dir(card))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    writeln!(tenant.stdin.take().unwrap(), "{theirs}").unwrap();
+    assert!(tenant.wait().unwrap().success());
+    s.wait(
+        "the memory limit set again after the dropped re-apply",
+        Duration::from_secs(10),
+        |s| sent_after(&s.log(), theirs, "set_default_device_pinned_mem_limit 0 8192M"),
+    );
+    assert!(
+        s.log().contains("did not take the memory limit"),
+        "the dropped set was seen: {}",
+        s.log()
+    );
 }
 
 /// The real daemon, while another client holds its one control connection, sometimes lets a

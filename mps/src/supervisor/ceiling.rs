@@ -59,11 +59,21 @@ pub(super) async fn sync_ceiling(config: &SupervisorConfig, uuid: &str, state: &
         return;
     }
     tally.expect(wanted);
+    let sets = tally.memory_sets();
     match config
         .binaries
         .apply_ceiling(&config.layout, uuid, &wanted, config.command_timeout)
         .await
     {
+        // The read-back shows the memory limit only to the GiB (a tenant's 9215M reads as the
+        // 8G of an 8192M ceiling): the set counts once the daemon has logged it.
+        Ok(()) if !memory_set_logged(tally, sets, config.command_timeout).await => {
+            warn!(
+                uuid,
+                "the MPS daemon did not take the memory limit (another client's connection met it): setting it again"
+            );
+            state.ceiling = None;
+        }
         Ok(()) => {
             info!(
                 uuid,
@@ -79,6 +89,21 @@ pub(super) async fn sync_ceiling(config: &SupervisorConfig, uuid: &str, state: &
         }
     }
     write(config, uuid, state);
+}
+
+/// Whether the daemon logs one of the supervisor's own memory limit sets past the `sets` it
+/// had logged, within `within` (at most a second).
+async fn memory_set_logged(tally: &Tally, sets: u64, within: Duration) -> bool {
+    let until = Instant::now() + within.min(Duration::from_secs(1));
+    loop {
+        if tally.memory_sets() > sets {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[cfg(test)]
