@@ -9,6 +9,15 @@ echo "== toolchain: $(cargo --version)"
 # of target/ (a clean run's peak is in the README); a run out of disk says so first.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 echo "== disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free where target/ grows"
+# A run cut short by a full disk says so: what was free, and what the suite's own folders hold.
+disk_report() {
+  local rc=$?
+  [ "$rc" = 0 ] && return
+  echo "== disk at exit $rc: $(df -h --output=avail . | tail -1 | tr -d ' ') free here," \
+    "$(df -h --output=avail /tmp | tail -1 | tr -d ' ') in /tmp; target/ holds $(du -sh target 2>/dev/null | cut -f1)," \
+    ".cache/ $(du -shL .cache 2>/dev/null | cut -f1)" >&2
+}
+trap disk_report EXIT
 # Real container runtimes for the end-to-end tests (cached under .cache/runtimes).
 echo "== runtimes (tests/runtimes/fetch.sh):"
 bash tests/runtimes/fetch.sh

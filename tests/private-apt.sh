@@ -11,6 +11,9 @@
 #       prints the newest version of PACKAGE in SUITE that starts with PREFIX
 #   extract NAME PACKAGE VERSION
 #       downloads PACKAGE=VERSION and unpacks it (dpkg -x) at $cache/NAME, replacing it whole
+#   publish_ready
+#       moves $ready.tmp to $ready, prints it, and drops the downloaded packages and lists:
+#       what was unpacked is all a ready cache uses (a CI disk is often nearly full)
 
 open_cache() {
   cache="$1"
@@ -54,4 +57,10 @@ extract() {
   (cd "$apt_dir/debs" && apt-get "${apt_opts[@]}" -qq download "$2=$3" >/dev/null)
   dpkg -x "$apt_dir/debs/$(ls "$apt_dir/debs" | grep -F "$2_" | grep -F "$(echo "$3" | sed 's/:/%3a/')" | head -n 1)" "$dest.tmp"
   rm -rf "$dest" && mv "$dest.tmp" "$dest"
+}
+
+publish_ready() {
+  mv "$ready.tmp" "$ready"
+  rm -rf "$apt_dir/debs" "$apt_dir/lists"
+  sed "s|@|$cache|" "$ready"
 }

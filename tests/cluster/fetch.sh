@@ -58,5 +58,4 @@ kube $vkube @/kube/bin
 etcd $vetcd @/etcd/usr/bin/etcd
 cni $vcni @/cni/usr/lib/cni
 READY
-mv "$ready.tmp" "$ready"
-sed "s|@|$cache|" "$ready"
+publish_ready

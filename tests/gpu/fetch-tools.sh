@@ -25,5 +25,4 @@ for p in iproute2 libbpf1 libelf1 libmnl0 libbsd0 libcap2 zlib1g libmd0; do
 done
 rm -rf "$cache/pkg-iproute2"
 echo "ip $vip @/ip" > "$ready.tmp"
-mv "$ready.tmp" "$ready"
-sed "s|@|$cache|" "$ready"
+publish_ready

@@ -159,5 +159,4 @@ for item in "cudart11 libcudart11.0 bookworm 11." "libomp5 libomp5-14 bookworm 1
   grep -q "^$name " "$ready.tmp" || echo "$name $v @/$name" >> "$ready.tmp"
 done
 
-mv "$ready.tmp" "$ready"
-sed "s|@|$cache|" "$ready"
+publish_ready

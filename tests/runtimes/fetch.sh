@@ -47,5 +47,4 @@ runc $vrunc @/runc/usr/sbin/runc
 busybox $vbusybox @/busybox/bin/busybox
 image docker.io/tessera/busybox:test @/busybox-image.tar
 READY
-mv "$ready.tmp" "$ready"
-sed "s|@|$cache|" "$ready"
+publish_ready

@@ -41,6 +41,8 @@ async fn the_image_built_without_docker_runs_its_programs() -> anyhow::Result<()
     let said = pack(&a)?;
     pack(&b)?;
     assert!(std::fs::read(&a)? == std::fs::read(&b)?, "two packs differ");
+    // Only one copy is imported; CI's disk is often nearly full.
+    std::fs::remove_file(&b)?;
     assert!(said.contains("sha256:"), "{said}");
 
     let mut c = Containerd::start(Version::V2).await?;

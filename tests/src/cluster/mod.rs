@@ -248,9 +248,24 @@ impl Cluster {
                 Err(e) => last = e.to_string(),
             }
             if Instant::now() > deadline {
-                bail!("{args:?} {jsonpath} is {last:?}, not {want:?}, after {within:?}");
+                bail!(
+                    "{args:?} {jsonpath} is {last:?}, not {want:?}, after {within:?} (node: {})",
+                    self.node_state()
+                );
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The node's taints and conditions, for a wait's error: a pod left Pending by the
+    /// scheduler says only "untolerated taint(s)".
+    fn node_state(&self) -> String {
+        let jp = "jsonpath=taints {.spec.taints[*].key}; conditions{range .status.conditions[*]} \
+                  {.type}={.status}{end}";
+        match self.kubectl(&["get", &format!("node/{NODE}"), "-o", jp]) {
+            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+            Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+            Err(e) => e.to_string(),
         }
     }
 
@@ -597,7 +612,10 @@ state = "{c}/state"
             bail!("pinning {image}: {}", String::from_utf8_lossy(&out.stderr));
         }
 
-        // The kubelet: cgroupfs, cgroup v1 allowed, swap allowed.
+        // The kubelet: cgroupfs, cgroup v1 allowed, swap allowed, no disk eviction signals ("0%"
+        // turns one off): the host's disk is the test machine's, often nearly full with build
+        // output, and its pressure would taint the node NoSchedule (a CI run saw every later pod
+        // Pending on "untolerated taint(s)").
         self.made_device_plugin_dir = !Path::new(DEVICE_PLUGIN_DIR).exists();
         std::fs::create_dir_all(DEVICE_PLUGIN_DIR)?;
         std::fs::write(
@@ -625,7 +643,7 @@ clusterDomain: cluster.local
 resolvConf: /etc/resolv.conf
 imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
-evictionHard: {{memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
+evictionHard: {{memory.available: "100Mi", nodefs.available: "0%", imagefs.available: "0%", nodefs.inodesFree: "0%"}}
 "#,
                 ca = p("ca.crt"),
                 crt = p("kubelet-serving.crt"),
