@@ -388,6 +388,28 @@ fn link_bonus(set: &CardSet) -> f64 {
     }
 }
 
+/// How many nodes ahead of the one evaluated [`prefetch_cards`] asks for.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Asks the CPU to bring node `n`'s cards into its cache ahead of their evaluation: a node's
+/// cards are a heap block of their own, which the hardware prefetcher cannot guess (a profile
+/// put half of an evaluation's own time on their first load).
+#[inline]
+fn prefetch_cards(cluster: &ClusterState, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let cards = cluster.nodes[n].cards.as_slice();
+        let start = cards.as_ptr().cast::<i8>();
+        for offset in (0..std::mem::size_of_val(cards)).step_by(64) {
+            // SAFETY: a prefetch is a hint that never faults; the address is in the cards.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (cluster, n);
+}
+
 /// How many threads to evaluate `misses` nodes on.
 fn threads_for(misses: usize) -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();
@@ -473,7 +495,10 @@ impl Engine {
                 s: &mut self.scratch,
                 node_frag: &mut self.node_frag,
             };
-            for &i in &misses {
+            for (k, &i) in misses.iter().enumerate() {
+                if let Some(&ahead) = misses.get(k + PREFETCH_AHEAD) {
+                    prefetch_cards(&self.cluster, nodes[ahead]);
+                }
                 out[i] = Some(ev.evaluate(nodes[i], pod, &allowed).map(|(s, _)| s).map_err(Arc::from));
             }
         } else {
@@ -493,7 +518,11 @@ impl Engine {
                             };
                             let verdicts = part
                                 .iter()
-                                .map(|&i| {
+                                .enumerate()
+                                .map(|(k, &i)| {
+                                    if let Some(&ahead) = part.get(k + PREFETCH_AHEAD) {
+                                        prefetch_cards(cluster, nodes[ahead]);
+                                    }
                                     (
                                         i,
                                         ev.evaluate(nodes[i], pod, allowed).map(|(s, _)| s).map_err(Arc::from),
