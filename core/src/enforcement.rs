@@ -11,6 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::windows::{CardWindow, PERIOD_MS, Window};
+
 /// Where the MPS supervisor keeps each card's pipe, log and shm directories (a host path on a
 /// tmpfs).
 pub const DEFAULT_MPS_ROOT: &str = "/run/tessera/mps";
@@ -33,7 +35,8 @@ pub enum ShareEnforcement {
     /// memory by the pinned device memory limit. A share whose daemon is down is refused.
     Mps,
     /// Tessera's CUDA driver hook preloaded into share containers: memory past the share fails,
-    /// launches are throttled to the compute share. Refused when the library is not installed.
+    /// launches run in the container's window of the card's time, its compute share. Refused
+    /// when the library is not installed.
     Hook,
 }
 
@@ -347,6 +350,22 @@ impl HookLayout {
         Ok(changed)
     }
 
+    /// The window of the card's time container `container_id`'s configuration gives it, if any
+    /// (how a restarted plugin without the container's grant record keeps it).
+    pub fn window_of(&self, container_id: &str) -> Option<CardWindow> {
+        let text = std::fs::read_to_string(self.container_dir(container_id).join("config")).ok()?;
+        let value = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+                .map(str::trim)
+        };
+        Some(CardWindow {
+            uuid: value("uuid")?.to_string(),
+            percent: value("core_limit")?.parse().ok()?,
+            window: Window::parse(value("window")?).ok()?,
+        })
+    }
+
     /// Removes the directories of containers not in `live` (after a plugin restart).
     pub fn forget_except(&self, live: &std::collections::HashSet<String>) {
         let Ok(rd) = std::fs::read_dir(self.root.join("containers")) else {
@@ -364,13 +383,31 @@ impl HookLayout {
     /// accounting its processes share is no host file: the container gets a small tmpfs of its
     /// own at [`HOOK_STATE_IN_CONTAINER`] ([`HOOK_STATE_TMPFS_KIB`]), which a tenant can fill
     /// without touching the host's `/run`.
-    pub fn prepare(&self, container_id: &str, limits: &ShareLimits) -> std::io::Result<HookFiles> {
+    ///
+    /// How the compute share is held depends on the node's `mode`: on `hook` nodes the
+    /// container's processes launch only in its `window` of the card's time
+    /// (`compute=windows`, [`crate::windows`]), or, given none, are throttled to the share by
+    /// their measured utilization (`compute=throttle`); on `mps` nodes, where MPS caps each
+    /// process's SMs and NVML cannot measure MPS clients, the container's processes take turns
+    /// on the card (`compute=turns`).
+    pub fn prepare(
+        &self,
+        container_id: &str,
+        limits: &ShareLimits,
+        mode: ShareEnforcement,
+        window: Option<&Window>,
+    ) -> std::io::Result<HookFiles> {
         let dir = self.container_dir(container_id);
         let agent = self.agent_dir(container_id);
         std::fs::create_dir_all(&agent)?;
         let config = dir.join("config");
+        let compute = match (mode, window.filter(|w| !w.is_empty())) {
+            (ShareEnforcement::Mps, _) => "turns".to_string(),
+            (_, Some(w)) => format!("windows\nwindow={w}\nperiod_ms={PERIOD_MS}"),
+            _ => "throttle".to_string(),
+        };
         let text = format!(
-            "# written by tessera-nri-plugin for this container\nuuid={}\nmemory_limit_mib={}\ncore_limit={}\nstate_dir={HOOK_STATE_IN_CONTAINER}\npid_socket={HOOK_AGENT_IN_CONTAINER}/{HOOK_PID_SOCKET}\n",
+            "# written by tessera-nri-plugin for this container\nuuid={}\nmemory_limit_mib={}\ncore_limit={}\ncompute={compute}\nstate_dir={HOOK_STATE_IN_CONTAINER}\npid_socket={HOOK_AGENT_IN_CONTAINER}/{HOOK_PID_SOCKET}\n",
             limits.uuid, limits.memory_mib, limits.core_limit
         );
         crate::files::write_atomic(&dir, &config, text.as_bytes(), 0o755, 0o644)?;
@@ -579,9 +616,12 @@ mod tests {
             core_limit,
             memory_mib: 8192,
         };
-        let a = l.prepare("a", &limits("GPU-1", 30)).unwrap();
-        let b = l.prepare("b", &limits("GPU-1", 50)).unwrap();
-        let c = l.prepare("c", &limits("GPU-2", 30)).unwrap();
+        let hook = ShareEnforcement::Hook;
+        let a = l.prepare("a", &limits("GPU-1", 30), hook, None).unwrap();
+        let b = l.prepare("b", &limits("GPU-1", 50), hook, None).unwrap();
+        let c = l
+            .prepare("c", &limits("GPU-2", 30), ShareEnforcement::Mps, None)
+            .unwrap();
         for (x, y) in [(&a, &b), (&a, &c)] {
             assert!(x.config != y.config && x.agent != y.agent);
         }
@@ -590,13 +630,37 @@ mod tests {
         for line in [
             "uuid=GPU-1",
             "core_limit=50",
+            "compute=throttle",
             "memory_limit_mib=8192",
             "state_dir=/run/tessera/hook/state",
             "pid_socket=/run/tessera/hook/agent/pid.sock",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in {text}");
         }
+        // An MPS node's share: its processes take turns at the share.
+        let text = std::fs::read_to_string(&c.config).unwrap();
+        assert!(
+            text.lines().any(|l| l == "compute=turns") && text.contains("core_limit=30"),
+            "{text}"
+        );
         // Preparing again (a retried CreateContainer) is fine.
-        assert_eq!(l.prepare("a", &limits("GPU-1", 30)).unwrap(), a);
+        assert_eq!(l.prepare("a", &limits("GPU-1", 30), hook, None).unwrap(), a);
+        // A hook node's share with a window of the card's time launches in it, and a restarted
+        // plugin reads the window back.
+        let w = Window::parse("30-80").unwrap();
+        let d = l.prepare("d", &limits("GPU-1", 50), hook, Some(&w)).unwrap();
+        let text = std::fs::read_to_string(&d.config).unwrap();
+        for line in ["compute=windows", "window=30-80", "period_ms=50", "core_limit=50"] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
+        assert_eq!(
+            l.window_of("d"),
+            Some(CardWindow {
+                uuid: "GPU-1".into(),
+                percent: 50,
+                window: w
+            })
+        );
+        assert_eq!(l.window_of("b"), None);
     }
 }

@@ -54,6 +54,9 @@ pub struct Granted {
     /// A share whose memory the driver holds on the container's cgroup (r615+).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup_memory: Option<CgroupMemory>,
+    /// A share on a `hook` node: its window of the card's time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<crate::windows::CardWindow>,
 }
 
 /// A share's memory as the driver holds it on the container's cgroup: set when its process

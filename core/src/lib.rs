@@ -27,3 +27,4 @@ pub mod quantity;
 pub mod request;
 pub mod taints;
 pub mod topology;
+pub mod windows;

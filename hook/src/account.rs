@@ -5,8 +5,6 @@
 //! processes allocating at once cannot overshoot together; a process that died without freeing
 //! is found by its slot (its pid no longer exists) and its bytes are given back.
 
-use std::fs::OpenOptions;
-use std::os::fd::AsRawFd as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -54,68 +52,13 @@ unsafe impl Send for Accounting {}
 // SAFETY: as above.
 unsafe impl Sync for Accounting {}
 
-/// Whether a process exists (in this PID namespace).
-fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks for existence.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-}
-
-/// Opens the container's accounting file, making it first when there is none: every process
-/// of the container, whatever its user, must be able to open it (a process that cannot is
-/// refused GPU memory), so it is made whole and open to all under a name of its own, then
-/// linked into place; a process that loses that race opens the winner's.
-fn open_shared(dir: &Path, path: &Path, pid: u32) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let open = || OpenOptions::new().read(true).write(true).open(path);
-    match open() {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        other => return other,
-    }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let tmp = dir.join(format!(".memory.{pid}.{nanos}"));
-    let made = OpenOptions::new().read(true).write(true).create_new(true).open(&tmp)?;
-    // The umask does not apply to an explicit change of mode.
-    made.set_permissions(std::fs::Permissions::from_mode(0o666))?;
-    made.set_len(std::mem::size_of::<Region>() as u64)?;
-    let linked = std::fs::hard_link(&tmp, path);
-    let _ = std::fs::remove_file(&tmp);
-    match linked {
-        Ok(()) => Ok(made),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => open(),
-        Err(e) => Err(e),
-    }
-}
-
 impl Accounting {
     /// Maps `dir/memory` (creating it) and takes a slot for process `pid`.
     pub fn open(dir: &Path, limit: u64, pid: u32) -> Result<Self, AccountError> {
-        let err = |what: &str, e: std::io::Error| AccountError(format!("{what} {}: {e}", dir.display()));
-        std::fs::create_dir_all(dir).map_err(|e| err("creating", e))?;
-        let path = dir.join("memory");
-        let file = open_shared(dir, &path, pid).map_err(|e| err("opening the accounting in", e))?;
         let size = std::mem::size_of::<Region>();
-        // Growing a fresh file zero-fills it: all zero is a valid, empty region.
-        if file.metadata().map(|m| m.len()).unwrap_or(0) < size as u64 {
-            file.set_len(size as u64)
-                .map_err(|e| err("sizing the accounting in", e))?;
-        }
-        // SAFETY: a shared read-write mapping of a file at least `size` long.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(err("mapping the accounting in", std::io::Error::last_os_error()));
-        }
+        let p = crate::shared::map(dir, "memory", size, pid)
+            .map_err(|(what, e)| AccountError(format!("{what} the accounting in {}: {e}", dir.display())))?;
+        let path = dir.join("memory");
         let region = p.cast::<Region>();
         // SAFETY: `region` points at `size` mapped bytes laid out as `Region` (atomics only).
         let magic = unsafe { &(*region).magic };
@@ -171,7 +114,7 @@ impl Accounting {
         let mut freed = 0;
         for s in &r.slots {
             let pid = s.pid.load(Ordering::Acquire);
-            if pid == 0 || pid == self.pid || alive(pid) {
+            if pid == 0 || pid == self.pid || crate::shared::alive(pid) {
                 continue;
             }
             // Whoever clears the pid gives the bytes back, once.

@@ -49,6 +49,10 @@ type ProcUtilFn = unsafe extern "C" fn(*mut c_void, *mut Sample, *mut c_uint, c_
 type UtilFn = unsafe extern "C" fn(*mut c_void, *mut Utilization) -> NvmlReturn;
 type ProcessesFn = unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut ProcessInfo) -> NvmlReturn;
 
+/// How old (microseconds, by the driver's clock) a process's newest sample may be and still
+/// count: five of the driver's 200 ms sampling periods.
+const STALE_SAMPLE_US: c_ulonglong = 1_000_000;
+
 /// NVML, loaded and initialised, with the container's card.
 pub struct Nvml {
     device: *mut c_void,
@@ -56,6 +60,8 @@ pub struct Nvml {
     util: UtilFn,
     processes: Option<ProcessesFn>,
     last_seen: c_ulonglong,
+    /// The newest sample seen of each of the container's processes: `(pid, time_stamp, sm_util)`.
+    latest: Vec<(c_uint, c_ulonglong, c_uint)>,
 }
 
 // SAFETY: NVML handles may be used from any thread.
@@ -95,13 +101,14 @@ impl Nvml {
             util: sym(h, c"nvmlDeviceGetUtilizationRates")?,
             processes: sym(h, c"nvmlDeviceGetComputeRunningProcesses_v3"),
             last_seen: 0,
+            latest: Vec::new(),
         })
     }
 
-    /// SM utilization (percent of the card) of `pids` in NVML's newest sample; of the whole
+    /// SM utilization (percent of the card) of `pids`, the newest sample of each; of the whole
     /// card when `pids` is empty (no process known) or NVML keeps no per-process samples
     /// (an over-estimate, so the container never exceeds its share, though it may get less
-    /// while others are busy). `None`: no new sample since the last call.
+    /// while others are busy). `None`: no new sample of `pids` since the last call.
     ///
     /// The driver samples each process about every 200 ms (seen on an H100 with driver 580)
     /// and answers `NOT_FOUND` in between: that is no news, not an idle GPU.
@@ -127,14 +134,25 @@ impl Nvml {
         }
         let samples = &buf[..n as usize];
         self.last_seen = samples.iter().map(|s| s.time_stamp).max().unwrap_or(self.last_seen);
-        // The latest sample of each of our processes.
-        let mut total = 0u32;
-        for pid in pids {
-            if let Some(s) = samples.iter().filter(|s| s.pid == *pid).max_by_key(|s| s.time_stamp) {
-                total += s.sm_util;
+        // The driver samples each process on a phase of its own, so one reading holds new
+        // samples of some processes only: the container's figure is the newest sample of each of
+        // its processes, kept across readings, and a reading with new samples of other
+        // processes only is no news of the container's (not 0%, which would read as idle and
+        // lift the rate).
+        let mut news = false;
+        for s in samples.iter().filter(|s| pids.contains(&s.pid)) {
+            news = true;
+            match self.latest.iter_mut().find(|(pid, ..)| *pid == s.pid) {
+                Some(l) if l.1 >= s.time_stamp => {}
+                Some(l) => *l = (s.pid, s.time_stamp, s.sm_util),
+                None => self.latest.push((s.pid, s.time_stamp, s.sm_util)),
             }
         }
-        Some(total.min(100))
+        // A process with no sample for a second has ended or gone idle.
+        let newest = self.last_seen;
+        self.latest
+            .retain(|(pid, ts, _)| pids.contains(pid) && newest.saturating_sub(*ts) <= STALE_SAMPLE_US);
+        news.then(|| self.latest.iter().map(|(.., sm)| *sm).sum::<c_uint>().min(100))
     }
 
     /// Device memory the compute processes among `pids` hold on the card (their allocations,

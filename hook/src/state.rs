@@ -8,9 +8,12 @@ use std::sync::{Mutex, Once, OnceLock, RwLock};
 
 use crate::account::Accounting;
 use crate::config::Config;
+use crate::drain::Drainer;
 use crate::log;
 use crate::nvml::Nvml;
 use crate::throttle::{Bucket, Controller, PERIOD};
+use crate::turns::Turns;
+use crate::windows::Windows;
 
 /// What an allocation record is keyed by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -33,6 +36,9 @@ pub struct Hook {
     pools: Mutex<Pools>,
     /// Present when launches are throttled.
     pub bucket: Option<Bucket>,
+    /// What holds launches to the container's turn or window, when one does (this process's
+    /// view; a forked child makes its own).
+    gate: RwLock<Option<Gate>>,
     controller: Once,
     /// NVML, for the controller.
     pub nvml: Mutex<Option<Nvml>>,
@@ -73,10 +79,34 @@ static HOOK: OnceLock<Option<Hook>> = OnceLock::new();
 static BROKEN: log::Once = log::Once::new();
 static INTERNAL: log::Once = log::Once::new();
 static NO_NVML: log::Once = log::Once::new();
+static NO_TURNS: log::Once = log::Once::new();
 
-fn pid() -> u32 {
-    std::process::id()
+/// This process's pid, remembered (a launch asks for it) and forgotten in a forked child.
+static PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+extern "C" fn forked() {
+    PID.store(0, std::sync::atomic::Ordering::Release);
 }
+
+/// This process's pid.
+pub fn pid() -> u32 {
+    use std::sync::atomic::Ordering;
+    static AT_FORK: Once = Once::new();
+    let p = PID.load(Ordering::Acquire);
+    if p != 0 {
+        return p;
+    }
+    AT_FORK.call_once(|| {
+        // SAFETY: registers a handler that only stores to an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(forked)) };
+    });
+    let p = std::process::id();
+    PID.store(p, Ordering::Release);
+    p
+}
+
+/// The process's drainer (what a handover of the container's turn waits on).
+pub static DRAINER: std::sync::LazyLock<Drainer> = std::sync::LazyLock::new(Drainer::default);
 
 /// The process's hook state; `None`: pass everything through.
 pub fn hook() -> Option<&'static Hook> {
@@ -122,7 +152,9 @@ impl Hook {
                 .ok()
         });
         let bucket = config.throttle().map(|_| Bucket::new());
+        let gate = RwLock::new(open_gate(&config));
         Self {
+            gate,
             config,
             account: RwLock::new(account),
             allocs: Mutex::new(HashMap::new()),
@@ -374,6 +406,24 @@ impl Hook {
         self.with_account(|a| a.set_host_pid(host_pid));
     }
 
+    /// This process's view of what holds its launches (the container's turn or window), if
+    /// anything does.
+    pub fn gate(&self) -> Option<Gate> {
+        {
+            let g = self.gate.read().unwrap_or_else(|p| p.into_inner());
+            match *g {
+                None => return None,
+                Some(g) if g.owner() == pid() => return Some(g),
+                Some(_) => {}
+            }
+        }
+        let mut g = self.gate.write().unwrap_or_else(|p| p.into_inner());
+        if g.is_some_and(|g| g.owner() != pid()) {
+            *g = open_gate(&self.config);
+        }
+        *g
+    }
+
     /// Holds a launch of `cost` blocks back as the bucket says, starting the controller on the
     /// first launch.
     pub fn throttle(&'static self, cost: u64) {
@@ -418,6 +468,105 @@ impl Hook {
             ));
         }
     }
+}
+
+/// What holds a process's launches: the container's turn (MPS nodes) or its window of the
+/// card's time (hook nodes).
+#[derive(Clone, Copy)]
+pub enum Gate {
+    /// The container's processes take turns.
+    Turns(&'static Turns),
+    /// The container's processes launch in its window.
+    Windows(&'static Windows),
+}
+
+impl Gate {
+    /// The process this view is of.
+    pub fn owner(self) -> u32 {
+        match self {
+            Gate::Turns(t) => t.owner(),
+            Gate::Windows(w) => w.owner(),
+        }
+    }
+
+    /// Runs `launch` when the gate lets it.
+    pub fn run<T>(self, launch: impl FnOnce() -> T) -> T {
+        match self {
+            Gate::Turns(t) => t.run(launch),
+            Gate::Windows(w) => w.run(launch),
+        }
+    }
+
+    /// A stream capture began: no drain until it ends.
+    pub fn capture_began(self) {
+        match self {
+            Gate::Turns(t) => t.capture_began(),
+            Gate::Windows(w) => w.capture_began(),
+        }
+    }
+
+    /// A stream capture ended (or failed to begin).
+    pub fn capture_ended(self) {
+        match self {
+            Gate::Turns(t) => t.capture_ended(),
+            Gate::Windows(w) => w.capture_ended(),
+        }
+    }
+}
+
+/// This process's gate, as the configuration asks (leaked: it lives as long as the process,
+/// its keeper thread with it).
+fn open_gate(config: &Config) -> Option<Gate> {
+    if let Some(schedule) = config.windows() {
+        let drain = Box::new(|within| DRAINER.drain(within));
+        return Some(Gate::Windows(Box::leak(Box::new(Windows::new(
+            schedule.clone(),
+            pid(),
+            drain,
+        )))));
+    }
+    config.turns().then(|| open_turns(config)).flatten().map(Gate::Turns)
+}
+
+/// This process's view of the container's turn. Unusable, launches are not held to turns,
+/// said once.
+fn open_turns(config: &Config) -> Option<&'static Turns> {
+    let drain = Box::new(|within| DRAINER.drain(within));
+    match Turns::open(&config.state_dir, pid(), drain) {
+        Ok(t) => {
+            static AT_EXIT: Once = Once::new();
+            AT_EXIT.call_once(|| {
+                // SAFETY: registers a handler that runs at exit, in this process.
+                unsafe { libc::atexit(leave_at_exit) };
+            });
+            Some(Box::leak(Box::new(t)))
+        }
+        Err(e) => {
+            NO_TURNS.print(format_args!(
+                "compute turns unavailable ({e}): this process's launches are held by MPS alone"
+            ));
+            None
+        }
+    }
+}
+
+/// A process that ends in its turn hands it over (its work drained) rather than leave the
+/// others waiting until it is reaped: only its own view (a forked child opens none here), and
+/// only if its launches can be held within 100 ms (the thread that called `exit()` may be a
+/// signal handler's, over a launch in progress); else a dead holder's turn is taken anyway.
+extern "C" fn leave_at_exit() {
+    protect((), || {
+        let turns = HOOK
+            .get()
+            .and_then(Option::as_ref)
+            .and_then(|h| h.gate.try_read().ok().and_then(|g| *g));
+        if let Some(Gate::Turns(t)) = turns
+            && t.owner() == pid()
+            && t.holds()
+        {
+            t.hand_over_within(std::time::Duration::from_millis(100));
+        }
+    });
 }
 
 fn acc_pid(a: &Accounting) -> u32 {

@@ -371,6 +371,40 @@ fn three_fills(env: &[(&str, &str)]) -> ContainerSpec {
         .fold(spec, |s, (k, v)| s.annotation(&format!("tessera.io/allocated.{k}"), v))
 }
 
+/// A container of a 30% + 4 GiB share running three clients that each launch kernels for 4 s
+/// on the fake card served as MPS serves it (each process at the percentage the NRI plugin
+/// gives it, side by side), printing the work the card did between 1.5 s and 3.5 s.
+fn three_launches() -> ContainerSpec {
+    let amounts = [("gpu-core", "30"), ("gpu-memory", "4"), ("gpu-memory-mib", "4096")];
+    let three = (0..3)
+        .map(|_| "/bin/client launch 4000 100 &")
+        .collect::<Vec<_>>()
+        .join(" ");
+    let script = format!("{three} sleep 1.5; /bin/client work; sleep 2; /bin/client work; wait");
+    let spec = ContainerSpec::new("main", &["sh", "-c", &script])
+        .image(IMAGE)
+        .env("FAKE_GPU_STATE", "/tmp/fake-gpu")
+        .env("FAKE_GPU_MEMORY_MIB", "16384")
+        .env("FAKE_MPS", "1")
+        .env("FAKE_QUEUE_MS", "100");
+    amounts
+        .iter()
+        .fold(spec, |s, (k, v)| s.annotation(&format!("tessera.io/allocated.{k}"), v))
+}
+
+/// The card's busy share between the two `work` readings of [`three_launches`], percent.
+fn busy_between(out: &str) -> f64 {
+    let values = |k: &str| -> Vec<f64> {
+        out.lines()
+            .filter_map(|l| l.strip_prefix(k))
+            .map(|v| v.trim().parse().unwrap())
+            .collect()
+    };
+    let (w, t) = (values("work_ns="), values("at_ns="));
+    assert!(w.len() == 2 && t.len() == 2, "{out}");
+    100.0 * (w[1] - w[0]) / (t[1] - t[0])
+}
+
 /// What each of the three clients allocated, MiB, and their sum.
 fn allocated(out: &str) -> (Vec<u64>, u64) {
     let each: Vec<u64> = out
@@ -390,6 +424,12 @@ fn allocated(out: &str) -> (Vec<u64>, u64) {
 /// the fake driver (which knows nothing of MPS) and a stand-in for the card's daemon (the rule
 /// is the hook's and the NRI plugin's). Without the hook on MPS nodes they hold three times the
 /// share.
+///
+/// Their compute too: MPS caps each process at the share's SMs (three busy processes of a 30%
+/// share took 0.95x of an H100), so the plugin configures the hook to have the container's
+/// processes take turns on the card. Three processes launching at once on the fake card,
+/// served as MPS serves it, have it busy about 30% together; with the hook configured as on
+/// `hook` nodes (a throttle that reads NVML, which sees no MPS client) they have it 90% busy.
 async fn mps_mode_holds_a_containers_processes_together(version: Version) -> anyhow::Result<()> {
     let mut n = mps_node(version).await?;
     let (stop_tx, task) = start_plugin(&n.c, &n.keys, ShareEnforcement::Mps, (n.mps.clone(), n.hook.clone())).await?;
@@ -412,6 +452,16 @@ async fn mps_mode_holds_a_containers_processes_together(version: Version) -> any
     assert!(
         (3584..=4096).contains(&together),
         "three processes of a 4 GiB share held {together} MiB together ({each:?})"
+    );
+
+    let p = pod(c, &n.keys, "turns", AllocatedDevice::share(&n.inv.gpus[0], 30, 4096)).await?;
+    let cid = c.create_container(&p, three_launches()).await?;
+    let (code, out) = c.run_to_exit(&cid).await?;
+    assert_eq!(code, 0, "{out}");
+    let busy = busy_between(&out);
+    assert!(
+        (20.0..=33.0).contains(&busy),
+        "three processes of a 30% share had the card {busy:.1}% busy together: {out}"
     );
     let _ = stop_tx.send(());
     task.await?;

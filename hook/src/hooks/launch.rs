@@ -1,4 +1,5 @@
-//! Launch hooks: kernel and graph launches wait on the compute throttle before reaching the driver.
+//! Launch hooks: kernel and graph launches wait on the compute throttle, for the process's turn
+//! on the card, or for the container's window of its time, before reaching the driver.
 
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::Ordering;
@@ -17,14 +18,19 @@ reals! {
     pub(super) GRAPH_LAUNCH_PTSZ = c"cuGraphLaunch_ptsz";
 }
 
-fn throttle(cost: u64) {
-    if let Some(h) = hook() {
-        protect((), || {
-            // A running mean of kernel costs (a graph launch is charged one mean launch).
-            let m = h.mean_cost.load(Ordering::Relaxed);
-            h.mean_cost.store((m * 15 + cost) / 16, Ordering::Relaxed);
-            h.throttle(cost);
-        });
+/// Runs `launch` (of `cost` blocks) once the throttle lets it go, in the process's turn or the
+/// container's window where it has one.
+fn gated(cost: u64, launch: impl FnOnce() -> CuResult) -> CuResult {
+    let Some(h) = hook() else { return launch() };
+    protect((), || {
+        // A running mean of kernel costs (a graph launch is charged one mean launch).
+        let m = h.mean_cost.load(Ordering::Relaxed);
+        h.mean_cost.store((m * 15 + cost) / 16, Ordering::Relaxed);
+        h.throttle(cost);
+    });
+    match protect(None, || h.gate()) {
+        Some(gate) => gate.run(launch),
+        None => launch(),
     }
 }
 
@@ -63,8 +69,9 @@ macro_rules! launch_kernel {
                 *mut *mut c_void,
                 *mut *mut c_void,
             ) -> CuResult;
-            throttle(blocks(gx, gy, gz));
-            call!($real, F, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+            gated(blocks(gx, gy, gz), || {
+                call!($real, F, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+            })
         }
     };
 }
@@ -85,10 +92,8 @@ macro_rules! launch_ex {
             type F =
                 unsafe extern "C" fn(*const CuLaunchConfig, Handle, *mut *mut c_void, *mut *mut c_void) -> CuResult;
             // SAFETY: a non-null config is the caller's valid struct.
-            if let Some(c) = unsafe { config.as_ref() } {
-                throttle(blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z));
-            }
-            call!($real, F, config, f, params, extra)
+            let cost = unsafe { config.as_ref() }.map_or(0, |c| blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z));
+            gated(cost, || call!($real, F, config, f, params, extra))
         }
     };
 }
@@ -124,8 +129,9 @@ macro_rules! launch_cooperative {
                 Handle,
                 *mut *mut c_void,
             ) -> CuResult;
-            throttle(blocks(gx, gy, gz));
-            call!($real, F, f, gx, gy, gz, bx, by, bz, shared, stream, params)
+            gated(blocks(gx, gy, gz), || {
+                call!($real, F, f, gx, gy, gz, bx, by, bz, shared, stream, params)
+            })
         }
     };
 }
@@ -139,10 +145,8 @@ macro_rules! graph_launch {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(exec: Handle, stream: Handle) -> CuResult {
             type F = unsafe extern "C" fn(Handle, Handle) -> CuResult;
-            if let Some(h) = hook() {
-                throttle(h.mean_cost.load(Ordering::Relaxed));
-            }
-            call!($real, F, exec, stream)
+            let cost = hook().map_or(0, |h| h.mean_cost.load(Ordering::Relaxed));
+            gated(cost, || call!($real, F, exec, stream))
         }
     };
 }

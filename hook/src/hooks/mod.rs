@@ -6,7 +6,8 @@
 //!
 //! This module holds that lookup path; the hooks themselves live by API family: `memory`
 //! (allocations, frees, pools, VMM, arrays, and what the process is told of the card's memory),
-//! `launch` (kernel and graph launches) and `context` (context creation).
+//! `launch` (kernel and graph launches), `context` (context creation and teardown) and
+//! `capture` (stream captures, where processes take turns).
 
 #![allow(non_snake_case)]
 
@@ -16,28 +17,7 @@ use crate::ffi::{CUDA_SUCCESS, CuResult};
 use crate::real::Real;
 use crate::state::protect;
 
-/// Calls the driver's `$real` as `$ty`, or answers `CUDA_ERROR_NOT_FOUND` when the driver
-/// lacks it.
-macro_rules! call {
-    ($real:expr, $ty:ty, $($arg:expr),*) => {{
-        let p = $real.get();
-        if p.is_null() {
-            $crate::ffi::CUDA_ERROR_NOT_FOUND
-        } else {
-            // SAFETY: `p` is the driver's function of that name, whose C signature is `$ty`.
-            let f: $ty = unsafe { std::mem::transmute::<*mut std::ffi::c_void, $ty>(p) };
-            // SAFETY: the arguments are the caller's, passed through unchanged.
-            unsafe { f($($arg),*) }
-        }
-    }};
-}
-
-macro_rules! reals {
-    ($($vis:vis $id:ident = $name:literal;)*) => {
-        $($vis static $id: $crate::real::Real = $crate::real::Real::new($name);)*
-    };
-}
-
+mod capture;
 mod context;
 mod launch;
 mod memory;
@@ -48,7 +28,7 @@ reals! {
 }
 
 /// Every hook: the driver function it replaces and its own address.
-fn table() -> [(&'static Real, usize); 34] {
+fn table() -> [(&'static Real, usize); 45] {
     [
         (&GET_PROC_ADDRESS, cuGetProcAddress as *const () as usize),
         (&GET_PROC_ADDRESS_V2, cuGetProcAddress_v2 as *const () as usize),
@@ -127,6 +107,41 @@ fn table() -> [(&'static Real, usize); 34] {
         ),
         (&context::CTX_CREATE, context::cuCtxCreate_v2 as *const () as usize),
         (&context::CTX_CREATE_V3, context::cuCtxCreate_v3 as *const () as usize),
+        (&context::CTX_DESTROY, context::cuCtxDestroy_v2 as *const () as usize),
+        (
+            &context::PRIMARY_CTX_RELEASE,
+            context::cuDevicePrimaryCtxRelease_v2 as *const () as usize,
+        ),
+        (
+            &context::PRIMARY_CTX_RESET,
+            context::cuDevicePrimaryCtxReset_v2 as *const () as usize,
+        ),
+        (&capture::BEGIN, capture::cuStreamBeginCapture as *const () as usize),
+        (
+            &capture::BEGIN_PTSZ,
+            capture::cuStreamBeginCapture_ptsz as *const () as usize,
+        ),
+        (
+            &capture::BEGIN_V2,
+            capture::cuStreamBeginCapture_v2 as *const () as usize,
+        ),
+        (
+            &capture::BEGIN_V2_PTSZ,
+            capture::cuStreamBeginCapture_v2_ptsz as *const () as usize,
+        ),
+        (
+            &capture::BEGIN_TO_GRAPH,
+            capture::cuStreamBeginCaptureToGraph as *const () as usize,
+        ),
+        (
+            &capture::BEGIN_TO_GRAPH_PTSZ,
+            capture::cuStreamBeginCaptureToGraph_ptsz as *const () as usize,
+        ),
+        (&capture::END, capture::cuStreamEndCapture as *const () as usize),
+        (
+            &capture::END_PTSZ,
+            capture::cuStreamEndCapture_ptsz as *const () as usize,
+        ),
         (&memory::MEM_POOL_TRIM, memory::cuMemPoolTrimTo as *const () as usize),
         (
             &memory::MEM_POOL_DESTROY,

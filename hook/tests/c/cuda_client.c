@@ -14,7 +14,11 @@
  *   ctx                        cuCtxCreate looked up at 12080 (the _v3 entry) and called
  *   legacy MIB                 the pre-3.2 cuMemAlloc (32-bit), which the hook must not wrap
  *   launch MS BLOCKS           launch kernels of BLOCKS blocks for MS ms; busy share of the
- *                              fake GPU over the second half
+ *                              fake GPU over the second half, and launches a second
+ *   capture MS                 one launch, then a stream captured for MS ms (nothing launched):
+ *                              what cuStreamEndCapture answered
+ *   work                       (no CUDA) the work all the fake card's processes had it do so
+ *                              far, and when
  *   hostpid SOCKET [HOLD_MS]   what the node agent answers on a host-pid socket, and getpid();
  *                              then stays HOLD_MS */
 #define _GNU_SOURCE
@@ -52,6 +56,8 @@ struct api {
     CUresult (*meminfo)(size_t *, size_t *);
     CUresult (*devtotal)(size_t *, int);
     CUresult (*launch)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, H, void **, void **);
+    CUresult (*begin_capture)(H, int);
+    CUresult (*end_capture)(H, H *);
     CUresult (*default_pool)(H *, int);
     CUresult (*pool_set)(H, int, void *);
     CUresult (*pool_get)(H, int, void *);
@@ -82,6 +88,8 @@ CUresult cuArrayDestroy(H);
 CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuDeviceTotalMem_v2(size_t *, int);
 CUresult cuLaunchKernel(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, H, void **, void **);
+CUresult cuStreamBeginCapture_v2(H, int);
+CUresult cuStreamEndCapture(H, H *);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 CUresult cuDeviceGetDefaultMemPool(H *, int);
 CUresult cuMemPoolSetAttribute(H, int, void *);
@@ -132,6 +140,8 @@ static void load(void) {
     R(meminfo, "cuMemGetInfo", cuMemGetInfo_v2);
     R(devtotal, "cuDeviceTotalMem", cuDeviceTotalMem_v2);
     R(launch, "cuLaunchKernel", cuLaunchKernel);
+    R(begin_capture, "cuStreamBeginCapture", cuStreamBeginCapture_v2);
+    R(end_capture, "cuStreamEndCapture", cuStreamEndCapture);
     R(default_pool, "cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool);
     R(pool_set, "cuMemPoolSetAttribute", cuMemPoolSetAttribute);
     R(pool_get, "cuMemPoolGetAttribute", cuMemPoolGetAttribute);
@@ -162,10 +172,45 @@ static void *thread_fill(void *a) {
     return NULL;
 }
 
+/* The work process slot `p` had the fake card do by `now` (whole-card ns; the lock held): what
+ * it was given, less what is still queued (under $FAKE_MPS a process queues far ahead, at the
+ * percentage in this process's environment; otherwise launches are at most 2 ms ahead, which
+ * is not subtracted). */
+static uint64_t done_of(struct fake_gpu *g, int p, uint64_t now) {
+    if (p < 0) return 0;
+    uint64_t busy = g->busy_ns[p], until = g->proc_until[p];
+    if (getenv("FAKE_MPS") && until > now) {
+        const char *pc = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+        uint64_t pct = pc ? (uint64_t)atoll(pc) : 100;
+        if (pct < 1 || pct > 100) pct = 100;
+        uint64_t queued = (until - now) * pct / 100;
+        busy = busy > queued ? busy - queued : 0;
+    }
+    return busy;
+}
+
+static uint64_t done_ns(uint64_t now) {
+    struct fake_gpu *g = fake_gpu();
+    fake_lock(g);
+    uint64_t d = done_of(g, fake_proc(g, (uint32_t)getpid()), now);
+    fake_unlock(g);
+    return d;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
-    load();
     const char *cmd = argc > 1 ? argv[1] : "info";
+    if (!strcmp(cmd, "work")) {
+        /* Reads the card only (no CUDA): all its processes' work done so far, and when. */
+        struct fake_gpu *g = fake_gpu();
+        fake_lock(g);
+        uint64_t now = fake_now_ns(), w = 0;
+        for (uint32_t i = 0; i < g->nprocs; i++) w += done_of(g, (int)i, now);
+        fake_unlock(g);
+        printf("work_ns=%llu\nat_ns=%llu\n", (unsigned long long)w, (unsigned long long)now);
+        return 0;
+    }
+    load();
     if (!strcmp(cmd, "info")) {
         size_t f, t, d;
         api.meminfo(&f, &t);
@@ -269,28 +314,29 @@ int main(int argc, char **argv) {
         gpa("cuMemAlloc", (void **)&legacy, 3000, 0, &st);
         unsigned p;
         printf("legacy=%d\n", legacy ? legacy(&p, (unsigned)(strtoull(argv[2], NULL, 10) * MIB)) : -1);
+    } else if (!strcmp(cmd, "capture")) {
+        H stream = (H)0x10, graph = NULL;
+        api.launch(NULL, 1, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+        int begun = api.begin_capture(stream, 0);
+        usleep((useconds_t)atoi(argv[2]) * 1000);
+        printf("begin_capture=%d\ncapture=%d\n", begun, api.end_capture(stream, &graph));
     } else if (!strcmp(cmd, "launch")) {
         long ms = atol(argv[2]);
         unsigned blocks = (unsigned)atoi(argv[3]);
-        struct fake_gpu *g = fake_gpu();
-        uint64_t start = fake_now_ns(), mid_busy = 0, mid = 0;
-        int me = -1;
+        uint64_t start = fake_now_ns(), mid_busy = 0, mid = 0, n = 0;
         for (;;) {
             uint64_t now = fake_now_ns();
             if (now - start > (uint64_t)ms * 1000000ull) break;
             if (!mid && now - start > (uint64_t)ms * 500000ull) {
-                fake_lock(g);
-                me = fake_proc(g, (uint32_t)getpid());
-                mid_busy = g->busy_ns[me];
-                fake_unlock(g);
+                mid_busy = done_ns(now);
                 mid = now;
             }
             api.launch(NULL, blocks, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+            n++;
         }
-        fake_lock(g);
-        uint64_t end_busy = g->busy_ns[me >= 0 ? me : fake_proc(g, (uint32_t)getpid())];
-        fake_unlock(g);
-        printf("busy_percent=%.1f\n", 100.0 * (double)(end_busy - mid_busy) / (double)(fake_now_ns() - mid));
+        uint64_t end = fake_now_ns();
+        printf("busy_percent=%.1f\nlaunches_per_s=%.0f\n", 100.0 * (double)(done_ns(end) - mid_busy) / (double)(end - mid),
+               (double)n * 1e9 / (double)(end - start));
     }
     return 0;
 }

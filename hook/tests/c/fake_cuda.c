@@ -66,28 +66,79 @@ static CUresult give(uint64_t id) {
     return OK;
 }
 
+/* How far ahead of the card a process may queue work before a launch blocks. */
+static uint64_t queue_ns(void) {
+    const char *q = getenv("FAKE_QUEUE_MS");
+    return (uint64_t)(q ? atoll(q) : 2) * 1000000ull;
+}
+
+static void wait_until(uint64_t until, uint64_t ahead) {
+    for (;;) {
+        uint64_t t = fake_now_ns();
+        if (until <= t + ahead) break;
+        uint64_t d = until - ahead - t;
+        struct timespec ts = {(time_t)(d / 1000000000ull), (long)(d % 1000000000ull)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Under $FAKE_MPS: the calling process's kernel runs on its own timeline, at its share of the
+ * SMs. */
+static void run_mps(struct fake_gpu *g, uint64_t cost) {
+    const char *pc = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+    uint64_t pct = pc ? (uint64_t)atoll(pc) : 100;
+    if (pct < 1 || pct > 100) pct = 100;
+    fake_lock(g);
+    uint64_t now = fake_now_ns();
+    int p = fake_proc(g, (uint32_t)getpid());
+    if (p < 0) { fake_unlock(g); return; }
+    uint64_t start = g->proc_until[p] > now ? g->proc_until[p] : now;
+    g->proc_until[p] = start + cost * 100 / pct;
+    g->busy_ns[p] += cost;
+    g->busy_total_ns += cost;
+    g->launches++;
+    uint32_t on = 0;
+    for (uint32_t i = 0; i < g->nprocs; i++)
+        if (g->proc_until[i] > now) on++;
+    if (on > g->mps_concurrent_max) g->mps_concurrent_max = on;
+    uint64_t until = g->proc_until[p];
+    fake_unlock(g);
+    wait_until(until, queue_ns());
+}
+
+/* Waits for the calling process's queued work: on its own timeline under $FAKE_MPS, else
+ * until its last kernel on the card's ends. */
+static void drained(void) {
+    struct fake_gpu *g = fake_gpu();
+    fake_lock(g);
+    int p = -1;
+    for (uint32_t i = 0; i < g->nprocs; i++)
+        if (g->pids[i] == (uint32_t)getpid()) p = (int)i;
+    uint64_t until = p < 0 ? 0 : getenv("FAKE_MPS") ? g->proc_until[p] : g->pending_until[p];
+    fake_unlock(g);
+    wait_until(until, 0);
+}
+
 static void run(uint64_t blocks) {
     const char *c = getenv("FAKE_NS_PER_BLOCK");
     uint64_t cost = blocks * (uint64_t)(c ? atoll(c) : 1000);
     struct fake_gpu *g = fake_gpu();
+    if (getenv("FAKE_MPS")) { run_mps(g, cost); return; }
     fake_lock(g);
     uint64_t now = fake_now_ns();
     uint64_t start = g->busy_until_ns > now ? g->busy_until_ns : now;
     g->busy_until_ns = start + cost;
     int p = fake_proc(g, (uint32_t)getpid());
-    if (p >= 0) g->busy_ns[p] += cost;
+    if (p >= 0) {
+        g->busy_ns[p] += cost;
+        g->pending_ns[p] += g->busy_until_ns - (g->pending_until[p] > now ? g->pending_until[p] : now);
+        g->pending_until[p] = g->busy_until_ns;
+    }
     g->busy_total_ns += cost;
     g->launches++;
     uint64_t until = g->busy_until_ns;
     fake_unlock(g);
-    const uint64_t queue = 2000000;
-    for (;;) {
-        uint64_t t = fake_now_ns();
-        if (until <= t + queue) break;
-        uint64_t d = until - queue - t;
-        struct timespec ts = {(time_t)(d / 1000000000ull), (long)(d % 1000000000ull)};
-        nanosleep(&ts, NULL);
-    }
+    wait_until(until, queue_ns());
 }
 
 static uint64_t grid(unsigned x, unsigned y, unsigned z) {
@@ -121,7 +172,20 @@ static CUresult ctx(H *c) {
     *c = (H)0x1;
     return OK;
 }
-CUresult cuDevicePrimaryCtxRetain(H *c, int dev) { (void)dev; return ctx(c); }
+static int primary_active;
+/* Retaining the primary context once it is active only counts a reference, as the driver's does. */
+CUresult cuDevicePrimaryCtxRetain(H *c, int dev) {
+    (void)dev;
+    if (primary_active) { *c = (H)0x1; return OK; }
+    primary_active = 1;
+    return ctx(c);
+}
+CUresult cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active) { (void)dev; *flags = 0; *active = primary_active; return OK; }
+CUresult cuDevicePrimaryCtxRelease_v2(int dev) { (void)dev; return OK; }
+CUresult cuDeviceGetCount(int *n) { *n = 1; return OK; }
+CUresult cuCtxPushCurrent_v2(H c) { (void)c; return OK; }
+CUresult cuCtxPopCurrent_v2(H *c) { *c = (H)0x1; return OK; }
+CUresult cuCtxDestroy_v2(H c) { (void)c; return OK; }
 CUresult cuCtxCreate_v2(H *c, unsigned flags, int dev) { (void)flags; (void)dev; return ctx(c); }
 CUresult cuCtxCreate_v3(H *c, void *params, int n, unsigned flags, int dev) { (void)params; (void)n; (void)flags; (void)dev; return ctx(c); }
 
@@ -217,9 +281,25 @@ CUresult cuMemPoolGetAttribute(H pool, int attr, void *v) {
     default: return INVALID;
     }
 }
-CUresult cuStreamSynchronize(H s) { (void)s; synchronized(); return OK; }
+CUresult cuStreamSynchronize(H s) { (void)s; drained(); synchronized(); return OK; }
 CUresult cuStreamSynchronize_ptsz(H s) { return cuStreamSynchronize(s); }
-CUresult cuCtxSynchronize(void) { synchronized(); return OK; }
+/* Stream capture, as far as the hook's tests need it: as on the real driver, synchronising
+ * the context while a stream captures fails and invalidates the capture. */
+static int capturing, capture_broken;
+CUresult cuStreamBeginCapture_v2(H s, int mode) { (void)s; (void)mode; capturing = 1; capture_broken = 0; return OK; }
+CUresult cuStreamEndCapture(H s, H *g) {
+    (void)s;
+    *g = (H)0x1;
+    int broken = capture_broken;
+    capturing = capture_broken = 0;
+    return broken ? 901 /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */ : OK;
+}
+CUresult cuStreamBeginCapture_v2_ptsz(H s, int mode) { return cuStreamBeginCapture_v2(s, mode); }
+CUresult cuStreamEndCapture_ptsz(H s, H *g) { return cuStreamEndCapture(s, g); }
+CUresult cuCtxSynchronize(void) {
+    if (capturing) { capture_broken = 1; return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */ }
+    drained(); synchronized(); return OK;
+}
 CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, H s) { (void)s; return pool_alloc(p, n, current_pool); }
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, H s) { return cuMemAllocAsync(p, n, s); }
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, H pool, H s) {
@@ -358,6 +438,9 @@ static void *lookup(const char *s, int version, unsigned long long flags) {
     E("cuMemPoolCreate", cuMemPoolCreate) E("cuMemPoolDestroy", cuMemPoolDestroy) E("cuMemPoolTrimTo", cuMemPoolTrimTo)
     E("cuMemPoolSetAttribute", cuMemPoolSetAttribute) E("cuMemPoolGetAttribute", cuMemPoolGetAttribute)
     P("cuStreamSynchronize", cuStreamSynchronize, cuStreamSynchronize_ptsz) E("cuCtxSynchronize", cuCtxSynchronize)
+    if (!strcmp(s, "cuStreamBeginCapture"))
+        return version < 10010 ? NULL : ptds ? (void *)cuStreamBeginCapture_v2_ptsz : (void *)cuStreamBeginCapture_v2;
+    P("cuStreamEndCapture", cuStreamEndCapture, cuStreamEndCapture_ptsz)
     E("cuMemCreate", cuMemCreate) E("cuMemRelease", cuMemRelease)
     E("cuMemMap", cuMemMap) E("cuMemUnmap", cuMemUnmap)
     E("cuArrayCreate", cuArrayCreate_v2) E("cuArray3DCreate", cuArray3DCreate_v2) E("cuArrayDestroy", cuArrayDestroy)

@@ -1,6 +1,9 @@
 /* A fake GPU shared by every process of a test (a file mapped shared, $FAKE_GPU_STATE): its
  * memory, the processes with a context, and a timeline on which kernels run one after another,
- * so utilization is the busy share of wall time. Used by the fake libcuda, the fake NVML and
+ * so utilization is the busy share of wall time. Under $FAKE_MPS the card serves its processes
+ * as MPS does: each has a timeline of its own, run beside the others', and its kernels take
+ * 100 / $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE times as long (it has that share of the SMs); the
+ * processes' percentages are assumed to sum to 100 at most (no contention is modelled). Used by the fake libcuda, the fake NVML and
  * the test client. */
 #pragma once
 #include <fcntl.h>
@@ -35,6 +38,14 @@ struct fake_gpu {
     uint32_t ncgroups;
     uint64_t cg_ino[FAKE_MAX_CGROUPS];
     uint64_t cg_used[FAKE_MAX_CGROUPS];
+    /* Under $FAKE_MPS: when each process's queued work ends, and the most processes that had
+     * work on the card at once. */
+    uint64_t proc_until[FAKE_MAX_PROCS];
+    uint32_t mps_concurrent_max;
+    /* Time each process had work on the card, waiting behind others' included (from a
+     * launch to its kernel's end), and when its queued work ends. */
+    uint64_t pending_ns[FAKE_MAX_PROCS];
+    uint64_t pending_until[FAKE_MAX_PROCS];
 };
 
 static inline uint64_t fake_now_ns(void) {

@@ -12,31 +12,70 @@ struct pinfo { unsigned pid; unsigned long long mem; unsigned gi, ci; };
 struct util { unsigned gpu, memory; };
 
 /* Per-process samples as the real driver keeps them (H100, driver 580): one per process every
- * $FAKE_NVML_SAMPLE_MS (default 200) ms, the busy share of that window; a query with no sample
- * newer than its `since` answers NOT_FOUND. */
-static uint64_t window_ns, last_busy[FAKE_MAX_PROCS], card_ns, card_total;
-static struct sample samples[FAKE_MAX_PROCS];
-static unsigned nsamples;
+ * $FAKE_NVML_SAMPLE_MS (default 200) ms, the busy share of that window, each process on a
+ * phase of its own (the second process half a period after the first, and so on), so that a
+ * query can find a newer sample of another process and none yet of its own; a query with no
+ * sample newer than its `since` answers NOT_FOUND. Under $FAKE_MPS every sample goes to the MPS
+ * server (a pid of no client, FAKE_MPS_SERVER_PID) and none to its clients, as on that H100.
+ * Under $FAKE_NVML_TIMESLICED a process's figure is the time it had work on the card, its waits
+ * behind other processes' work included, as that H100 counts it under time-slicing (two busy
+ * processes held at 50% readings each got 0.18x-0.33x of the card). */
+#define FAKE_MPS_SERVER_PID 4194304u
+static uint64_t window_ns[FAKE_MAX_PROCS + 1], last_busy[FAKE_MAX_PROCS], card_ns, card_total;
+/* The newest sample of each process (the server's last), `ts` 0 before the first. */
+static struct sample samples[FAKE_MAX_PROCS + 1];
+
+/* Whether the window of sampled entity `i` (a process, or the server at FAKE_MAX_PROCS) has
+ * ended; `*dt` its length. Each entity's first window starts `i` half-periods back in phase. */
+static int window_ended(unsigned i, uint64_t now, uint64_t period, uint64_t *dt) {
+    if (!window_ns[i]) {
+        window_ns[i] = now - (uint64_t)(i % 2) * (period / 2);
+        return 0;
+    }
+    if (now - window_ns[i] < period) return 0;
+    *dt = now - window_ns[i];
+    window_ns[i] = now;
+    return 1;
+}
 
 static void sample(struct fake_gpu *g) {
     const char *p = getenv("FAKE_NVML_SAMPLE_MS");
     uint64_t period = (uint64_t)(p ? atoll(p) : 200) * 1000000ull;
-    uint64_t now = fake_now_ns();
-    if (window_ns && now - window_ns < period) return;
-    uint64_t dt = window_ns ? now - window_ns : 0;
-    nsamples = 0;
+    uint64_t now = fake_now_ns(), dt = 0;
+    if (getenv("FAKE_MPS")) {
+        /* One window for the server: the busy time of every client. */
+        uint64_t busy = 0;
+        int first = !window_ns[FAKE_MAX_PROCS];
+        int ended = window_ended(FAKE_MAX_PROCS, now, period, &dt);
+        if (!first && !ended) return;
+        for (unsigned i = 0; i < g->nprocs; i++) {
+            busy += g->busy_ns[i] - last_busy[i];
+            last_busy[i] = g->busy_ns[i];
+        }
+        if (!ended) return;
+        struct sample *s = &samples[FAKE_MAX_PROCS];
+        memset(s, 0, sizeof *s);
+        s->pid = FAKE_MPS_SERVER_PID;
+        s->ts = now / 1000;
+        s->sm = (unsigned)(busy * 100 / dt > 100 ? 100 : busy * 100 / dt);
+        return;
+    }
+    const uint64_t *used = getenv("FAKE_NVML_TIMESLICED") ? g->pending_ns : g->busy_ns;
     for (unsigned i = 0; i < g->nprocs; i++) {
-        uint64_t busy = g->busy_ns[i] - last_busy[i];
-        last_busy[i] = g->busy_ns[i];
-        if (!dt) continue;
-        struct sample *s = &samples[nsamples++];
+        int first = !window_ns[i];
+        if (!window_ended(i, now, period, &dt)) {
+            if (first) last_busy[i] = used[i];
+            continue;
+        }
+        uint64_t busy = used[i] - last_busy[i];
+        last_busy[i] = used[i];
+        struct sample *s = &samples[i];
         s->pid = g->pids[i];
         s->ts = now / 1000;
         s->sm = (unsigned)(busy * 100 / dt);
         if (s->sm > 100) s->sm = 100;
         s->mem = s->enc = s->dec = 0;
     }
-    window_ns = now;
 }
 
 nvmlReturn_t nvmlInit_v2(void) { return 0; }
@@ -69,13 +108,13 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(void *dev, struct sample *out, unsi
     fake_lock(g);
     sample(g);
     unsigned fresh = 0;
-    for (unsigned i = 0; i < nsamples; i++)
-        if (samples[i].ts > since) fresh++;
+    for (unsigned i = 0; i <= FAKE_MAX_PROCS; i++)
+        if (samples[i].ts && samples[i].ts > since) fresh++;
     if (!fresh) { fake_unlock(g); return 6; } /* NOT_FOUND */
     if (!out || *n < fresh) { *n = fresh; fake_unlock(g); return 7; }
     unsigned k = 0;
-    for (unsigned i = 0; i < nsamples; i++)
-        if (samples[i].ts > since) out[k++] = samples[i];
+    for (unsigned i = 0; i <= FAKE_MAX_PROCS; i++)
+        if (samples[i].ts && samples[i].ts > since) out[k++] = samples[i];
     fake_unlock(g);
     *n = k;
     return 0;

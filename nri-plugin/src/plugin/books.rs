@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use tessera_core::enforcement::{MpsCeiling, ShareEnforcement, ShareLimits};
 use tessera_core::granted::{GrantStore, double_grant};
 use tessera_core::injection::NodeContext;
+use tessera_core::windows::Window;
 use tessera_proto::nri::api;
 use tracing::{info, warn};
 
@@ -60,7 +61,9 @@ impl Books {
 
     /// Books container `id`, unless a live container of another pod holds one of its devices
     /// in a way that excludes it ([`double_grant`]): the error says which.
-    pub(super) fn admit(&self, id: &str, t: Tracked) -> Result<(), Refusal> {
+    /// A share that asks for a window of its card's time ([`Tracked::window`], empty) gets one
+    /// here, beside the windows of the card's other live shares.
+    pub(super) fn admit(&self, id: &str, mut t: Tracked) -> Result<Tracked, Refusal> {
         let mut live = self.lock();
         if let Some(e) = double_grant(
             live.iter()
@@ -73,6 +76,15 @@ impl Books {
         ) {
             return Err(Refusal::DoubleGrant(e));
         }
+        if let Some(w) = t.window.as_mut().filter(|w| w.window.is_empty()) {
+            let taken = live
+                .iter()
+                .filter(|(held, other)| *held != id && !other.stopped)
+                .filter_map(|(_, other)| other.window.as_ref())
+                .filter(|o| o.uuid == w.uuid)
+                .map(|o| &o.window);
+            w.window = Window::allocate(taken, w.percent);
+        }
         // The record is how a restarted plugin, and the DRA plugin, know the container holds its
         // devices: a grant that cannot be recorded is not made.
         if let Some(store) = &self.store {
@@ -82,8 +94,8 @@ impl Books {
                 source,
             })?;
         }
-        live.insert(id.to_string(), t);
-        Ok(())
+        live.insert(id.to_string(), t.clone());
+        Ok(t)
     }
 
     /// What container `id` was granted.
@@ -287,6 +299,8 @@ impl TesseraPlugin {
             // Granted again to a container already running: its limit, if one was set, stays
             // on its cgroup until that goes.
             cgroup_memory: None,
+            // Its window, as its hook configuration still says (no other share is given it).
+            window: self.config.hook.window_of(&c.id),
         })
     }
 

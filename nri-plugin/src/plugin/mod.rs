@@ -21,6 +21,7 @@ use tessera_core::enforcement::{
 };
 use tessera_core::handoff::VerifyingKeys;
 use tessera_core::injection::{self, Injection, NodeContext};
+use tessera_core::windows::CardWindow;
 use tessera_proto::nri::api;
 use tessera_proto::nri::api_ttrpc::Plugin;
 use tracing::{info, warn};
@@ -289,8 +290,14 @@ impl TesseraPlugin {
                     .as_ref()
                     .filter(|_| grant.enforced_by.is_some_and(ShareEnforcement::enforces)),
             ),
+            // On hook nodes a share's compute is a window of its card's time, given beside
+            // the card's other shares' windows as the books admit it.
+            window: grant
+                .share
+                .as_ref()
+                .and_then(|l| CardWindow::for_share(grant.enforced_by, l)),
         };
-        self.books.admit(&container.id, tracked)?;
+        let tracked = self.books.admit(&container.id, tracked)?;
         if mps && let Some(limits) = &grant.share {
             self.set_ceiling(&limits.uuid);
         }
@@ -299,20 +306,15 @@ impl TesseraPlugin {
             && let Some(limits) = &grant.share
         {
             // The container's limits, read-only; the accounting its processes share, in a
-            // small tmpfs of its own; the socket that tells each process its host pid. On MPS
-            // nodes the hook holds memory only: the daemon caps each process's SMs (and NVML
-            // gives MPS clients' SM use to the server, so the hook could not measure it).
-            let limits = match mode {
-                ShareEnforcement::Mps => tessera_core::enforcement::ShareLimits {
-                    core_limit: 100,
-                    ..limits.clone()
-                },
-                _ => limits.clone(),
-            };
+            // small tmpfs of its own; the socket that tells each process its host pid. On hook
+            // nodes its processes launch in the window the books gave it; on MPS nodes the
+            // daemon caps each process's SMs and the hook has the container's processes take
+            // turns on the card (NVML gives MPS clients' SM use to the server, so no throttle
+            // could measure them).
             let files = self
                 .config
                 .hook
-                .prepare(&container.id, &limits)
+                .prepare(&container.id, limits, mode, tracked.window.as_ref().map(|w| &w.window))
                 .map_err(|source| Refusal::HookConfig {
                     container: container.name.clone(),
                     dir: self.config.hook.root.clone(),
@@ -542,3 +544,5 @@ impl Plugin for TesseraPlugin {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod window_tests;

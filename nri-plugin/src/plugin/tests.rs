@@ -393,6 +393,15 @@ impl Node {
         self.dir.path().join("proc")
     }
 
+    /// The node's hook layout, with the library and its preload file in place.
+    pub(super) fn hook_installed(&self) -> HookLayout {
+        let hook = HookLayout::new(self.dir.path().join("hook"));
+        std::fs::create_dir_all(hook.root.join("lib")).unwrap();
+        std::fs::write(hook.library(), b"").unwrap();
+        std::fs::write(hook.preload(), b"").unwrap();
+        hook
+    }
+
     /// A plugin of this node, as the DaemonSet runs it (grant records kept), started anew.
     pub(super) fn plugin(&self, enforcement: ShareEnforcement) -> TesseraPlugin {
         TesseraPlugin::new(PluginConfig {
@@ -741,10 +750,7 @@ async fn a_share_of_another_user_is_refused_at_start() {
 #[tokio::test]
 async fn a_hooked_share_gets_its_accounting_in_a_tmpfs_of_its_own() {
     let node = Node::new();
-    let hook = HookLayout::new(node.dir.path().join("hook"));
-    std::fs::create_dir_all(hook.root.join("lib")).unwrap();
-    std::fs::write(hook.library(), b"").unwrap();
-    std::fs::write(hook.preload(), b"").unwrap();
+    let hook = node.hook_installed();
     let plugin = node.plugin(ShareEnforcement::Hook);
     let (pod, ctr) = node.signed("s", AllocatedDevice::share(&node.inv.gpus[0], 30, 4096), &[]);
     let adj = plugin.adjust(&pod, &ctr).unwrap();
