@@ -603,6 +603,10 @@ async fn main() -> anyhow::Result<()> {
                 verdict: Verdict::Fail,
             }),
         }
+        // A run cut short keeps the modes it finished.
+        if let Some(out) = &a.out {
+            std::fs::write(out, table(&rows))?;
+        }
     }
     let mut text = table(&rows);
     if a.dry_run() {

@@ -17,7 +17,7 @@
 #
 #   bash tests/gpu/pack.sh        # on a machine with network: builds .cache/gpu/bundle.tar.xz
 #                                 # and .cache/gpu/cluster.tar.xz (Kubernetes, etcd, CNI)
-#   bash tests/gpu/run.sh [--only cri|cluster]   # on the GPU machine (carry .cache/gpu there:
+#   bash tests/gpu/run.sh [--only cri|cluster] [--runtime 1.7|2]...   # on the GPU machine (carry .cache/gpu there:
 #                                 # each tarball is under 64 MiB, so two transfers can carry them)
 #   bash tests/gpu/run.sh --dry-run   # anywhere: the same cases on a fixture node, no CUDA
 #
@@ -33,6 +33,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 dry="" bin_dir="" only=""
+runtimes=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1; shift ;;
@@ -40,6 +41,9 @@ while [ $# -gt 0 ]; do
       case "${2:-}" in cri|cluster) only="$2" ;; *) echo "run.sh: --only takes cri or cluster, not '${2:-}'" >&2; exit 2 ;; esac
       shift 2 ;;
     --bin-dir) bin_dir="$(cd "${2:?--bin-dir needs a directory}" && pwd)"; shift 2 ;;
+    --runtime)
+      case "${2:-}" in 1.7|2) runtimes+=(--runtime "$2") ;; *) echo "run.sh: --runtime takes 1.7 or 2, not '${2:-}'" >&2; exit 2 ;; esac
+      shift 2 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -113,6 +117,7 @@ echo "devices=$n"
 [ -f /dev/shm/tessera-fake-mps ] && echo "mps_shm=$(cat /dev/shm/tessera-fake-mps)"
 [ -f /etc/ld.so.preload ] && echo "hook_preload=$(cat /etc/ld.so.preload)"
 [ -f /run/tessera/hook/config ] && echo "hook_memory=$(grep memory_limit_mib /run/tessera/hook/config | cut -d= -f2)"
+[ -f /run/tessera/hook/config ] && echo "hook_compute=$(grep '^compute=' /run/tessera/hook/config | cut -d= -f2)"
 # A benchmark run lasts a while on a GPU (the node metrics are scraped meanwhile): so here.
 case "$*" in *--bench-ms*) sleep 1 ;; esac
 exit 0
@@ -135,7 +140,7 @@ rc=0
 if [ "$only" != cluster ]; then
   out="${OUT:-$work}/gpu-table.txt"
   "$work/bin/tessera-gpu-e2e" --bin-dir "$work/bin" --probe-image "$work/probe.tar" \
-    ${dry:+--dry-run "$repo/mps/tests/fixtures/fake-mps-control"} --out "$out" || rc=$?
+    ${dry:+--dry-run "$repo/mps/tests/fixtures/fake-mps-control"} ${runtimes[@]+"${runtimes[@]}"} --out "$out" || rc=$?
 
   # The hook under a real framework, on the host (tests/gpu/torch_hook.py), where python3 has
   # PyTorch and CuPy.

@@ -4,12 +4,14 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// Which containerd.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Which containerd (`1.7` or `2` on a command line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum Version {
     /// Newest 1.7.x of Debian trixie (NRI v0.6-era, config version 2).
+    #[value(name = "1.7")]
     V1_7,
     /// Newest 2.x of Debian sid (config version 3).
+    #[value(name = "2")]
     V2,
 }
 
