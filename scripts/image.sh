@@ -32,8 +32,9 @@ while [ $# -gt 0 ]; do
 done
 bins=(tessera-extender tessera-manifests tessera-cdi-generator tessera-device-plugin tessera-dra-plugin
       tessera-nri-plugin tessera-mps-supervisor)
+strip=""
 if [ -n "$from" ]; then
-  hook="$from/libtessera_cuda_hook.so"
+  strip=1 hook="$from/libtessera_cuda_hook.so"
   for f in "${bins[@]/#/$from/}" "$hook"; do
     [ -f "$f" ] || { echo "image.sh: $f is not built (cargo build --workspace)" >&2; exit 2; }
   done
@@ -45,11 +46,18 @@ root="$(mktemp -d)"
 trap 'rm -rf "$root"' EXIT
 mkdir -p "$root/usr/local/bin" "$root/usr/local/lib/tessera" "$root/etc" "$root/tmp"
 chmod 1777 "$root/tmp"
+# put SRC DEST MODE: a binary into the image. Debug builds (--from) lose their debug info on the
+# way, as the shipped ones did (scripts/ship.sh): the symbol table stays, and the image test's
+# archives stay small on a CI disk that is often nearly full.
+put() {
+  if [ -n "$strip" ]; then strip --strip-debug -o "$2" "$1"; else cp "$1" "$2"; fi
+  chmod "$3" "$2"
+}
 for b in "${bins[@]}"; do
-  install -m 0755 "$from/$b" "$root/usr/local/bin/$b"
+  put "$from/$b" "$root/usr/local/bin/$b" 0755
 done
 # Installed on the host by tessera-cdi-generator, preloaded into share containers.
-install -m 0644 "$hook" "$root/usr/local/lib/tessera/libtessera-cuda-hook.so"
+put "$hook" "$root/usr/local/lib/tessera/libtessera-cuda-hook.so" 0644
 # The C library: what the binaries link, and what the host's nvidia-smi and MPS control daemon
 # (run from the driver's own directory by the node agents) expect of the image they run in.
 libs=()

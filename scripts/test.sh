@@ -40,15 +40,39 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The real-cluster tests and the GPU harness's dry run use Tessera's own binaries and the CUDA
 # hook's cdylib (tests/tests/cluster.rs, gpu_dry_run.rs, gpu_cluster_dry_run.rs): built first (`--bins` alone leaves the
-# cdylib out of target/debug).
-cargo build --workspace --bins --lib --locked
+# cdylib out of target/debug). `--tests` too, so that dev-dependencies take part in resolving
+# features as they do for `cargo test`: without it every crate whose features they change (kube,
+# k8s-openapi, Tessera's own) was built twice, about a gigabyte of target/ and minutes of a
+# 2-core run.
+cargo build --workspace --bins --lib --tests --locked
 cargo test --workspace --locked
 # The hook as containers get it (glibc 2.28 symbols, built with zig): its suites again.
+# The test binaries the run above built, run again as cargo runs them (from the crate's folder):
+# `cargo test -p` would resolve features for that one crate and rebuild a dozen crates.
 echo "== the shipped CUDA hook (hook/build-portable.sh):"
-TESSERA_HOOK_LIB="$(bash hook/build-portable.sh)" cargo test --locked -p tessera-cuda-hook --test hook --test nri_hook
+shipped_hook="$(bash hook/build-portable.sh)"
+built="$(cargo test --workspace --locked --no-run --message-format=json)"
+for t in hook nri_hook; do
+  exe="$(python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    t = m.get("target", {})
+    if m.get("executable") and t.get("name") == sys.argv[1] and t.get("kind") == ["test"] and "tessera-cuda-hook" in m["package_id"]:
+        print(m["executable"])
+' "$t" <<< "$built")"
+  [ -x "$exe" ] || { echo "test.sh: no built test binary named $t of tessera-cuda-hook" >&2; exit 1; }
+  (cd hook && TESSERA_HOOK_LIB="$shipped_hook" "$exe")
+done
 # Install manifests against the Kubernetes schemas of several versions.
 bash scripts/validate-manifests.sh
 # Every parser that takes outside input, fuzzed briefly from the corpora in fuzz/corpus
 # (nightly, cargo-fuzz; a crash fails the suite). Longer runs: scripts/fuzz.sh 600.
+# The fuzz build needs about 2 GB beside target/ (fuzz/target, the nightly toolchain): where the
+# disk is nearly full (often so on CI), the debug build, whose tests have all run, makes room.
+if [ "$(df --output=avail -k . | tail -1)" -lt $((4 * 1024 * 1024)) ]; then
+  echo "== disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free; removing target/debug ($(du -sh target/debug | cut -f1)) for the fuzz build"
+  rm -rf target/debug
+fi
 echo "== fuzzing (scripts/fuzz.sh):"
 bash scripts/fuzz.sh "${TESSERA_FUZZ_SECONDS:-10}"
