@@ -15,7 +15,7 @@ disk_report() {
   [ "$rc" = 0 ] && return
   echo "== disk at exit $rc: $(df -h --output=avail . | tail -1 | tr -d ' ') free here," \
     "$(df -h --output=avail /tmp | tail -1 | tr -d ' ') in /tmp; target/ holds $(du -sh target 2>/dev/null | cut -f1)," \
-    ".cache/ $(du -shL .cache 2>/dev/null | cut -f1)" >&2
+    "fuzz/target/ $( (du -sh fuzz/target 2>/dev/null || echo none) | cut -f1), .cache/ $(du -shL .cache 2>/dev/null | cut -f1)" >&2
 }
 trap disk_report EXIT
 # Real container runtimes for the end-to-end tests (cached under .cache/runtimes).
