@@ -4,6 +4,7 @@
 use std::sync::{Arc, OnceLock};
 
 use super::fit::{NodePlan, PodUsage, check_node_resources, plan_node};
+use super::terms::NodeTerms;
 use super::{
     CARD_MILLI, CardDemand, ClusterState, Engine, EngineConfig, Fragmentation, NodeAfter, NodeShape, NodeState,
     PodDemand, PolicyChooser, Rng, ScoreMemo, ShareEnforcement, SimpleChoice, Tenant, fgd_score, fit,
@@ -33,11 +34,21 @@ pub(super) struct Scratch {
     shape: NodeShape,
     positions: Vec<usize>,
     sums: super::ClassSums,
-    /// Cards a share may take (positions), and free compute per card that offers it.
+    /// Cards a share may take (positions) and their free compute and memory; free compute
+    /// per card that offers it.
     pub(super) pool: Vec<usize>,
+    pub(super) pool_free: Vec<(u32, u64)>,
+    /// The pool's distinct free compute (with the first card that has it), and each one's
+    /// fragmentation once the share takes it.
+    pub(super) distinct: Vec<(u32, usize)>,
+    pub(super) froms: Vec<u32>,
+    pub(super) afters: Vec<f64>,
     pub(super) frees: Vec<u32>,
     /// A node's terms for one-card changes.
     pub(super) base: super::ChangeBase,
+    /// Per class, whether it runs on a node of the (model, cards, CPU rank) in `runs_key`.
+    pub(super) runs: Vec<bool>,
+    pub(super) runs_key: Option<(u16, usize, usize)>,
 }
 
 impl Scratch {
@@ -49,8 +60,14 @@ impl Scratch {
             positions: Vec::new(),
             sums: Default::default(),
             pool: Vec::new(),
+            pool_free: Vec::new(),
+            distinct: Vec::new(),
+            froms: Vec::new(),
+            afters: Vec::new(),
             frees: Vec::new(),
             base: Default::default(),
+            runs: Vec::new(),
+            runs_key: None,
         }
     }
 
@@ -64,8 +81,14 @@ impl Scratch {
             positions: Vec::new(),
             sums: Default::default(),
             pool: Vec::new(),
+            pool_free: Vec::new(),
+            distinct: Vec::new(),
+            froms: Vec::new(),
+            afters: Vec::new(),
             frees: Vec::new(),
             base: Default::default(),
+            runs: Vec::new(),
+            runs_key: None,
         }
     }
 }
@@ -85,6 +108,8 @@ pub(super) struct Evaluator<'a> {
     pub(super) s: &'a mut Scratch,
     /// Each node's fragmentation now, memoised.
     pub(super) node_frag: &'a mut [Option<f64>],
+    /// Each node's fragmentation terms, where fresh.
+    pub(super) terms: &'a NodeTerms,
 }
 
 impl Evaluator<'_> {
@@ -421,6 +446,17 @@ fn threads_for(misses: usize) -> usize {
 }
 
 impl Engine {
+    /// Computes the fragmentation terms of those of `nodes` that changed since, when `pod` is
+    /// a share whose card is chosen by fragmentation (the only use of the terms).
+    pub(super) fn refresh_terms(&mut self, pod: &PodDemand, nodes: impl Iterator<Item = usize>) {
+        let (_, gpu_policy) = policies(&self.config, pod);
+        if !pod.wants_share() || !matches!(gpu_policy, PolicyKind::Fgd | PolicyKind::Mosaic) {
+            return;
+        }
+        let s = &mut self.scratch;
+        self.terms.refresh(&s.frag, &self.cluster, nodes, &mut s.frees);
+    }
+
     /// Filters and scores `nodes` for `pod`: per node, its score or why it does not fit.
     ///
     /// Each node remembers its verdict for the last pod shape it was asked about until it
@@ -483,6 +519,7 @@ impl Engine {
         let (node_policy, gpu_policy) = policies(&self.config, pod);
         let deterministic = node_policy != PolicyKind::Random && gpu_policy != PolicyKind::Random;
         let misses: Vec<usize> = (0..nodes.len()).filter(|&i| out[i].is_none()).collect();
+        self.refresh_terms(pod, misses.iter().map(|&i| nodes[i]));
         let threads = if deterministic {
             threads.clamp(1, misses.len().max(1))
         } else {
@@ -494,49 +531,54 @@ impl Engine {
                 config: self.config,
                 s: &mut self.scratch,
                 node_frag: &mut self.node_frag,
+                terms: &self.terms,
             };
             for (k, &i) in misses.iter().enumerate() {
                 if let Some(&ahead) = misses.get(k + PREFETCH_AHEAD) {
                     prefetch_cards(&self.cluster, nodes[ahead]);
+                    self.terms.prefetch(nodes[ahead]);
                 }
                 out[i] = Some(ev.evaluate(nodes[i], pod, &allowed).map(|(s, _)| s).map_err(Arc::from));
             }
         } else {
             let (cluster, config, allowed) = (&self.cluster, self.config, &allowed);
-            let (scratch, node_frag) = (&self.scratch, &self.node_frag);
-            let parts: Vec<WorkerResult> = std::thread::scope(|scope| {
-                let handles: Vec<_> = misses
-                    .chunks(misses.len().div_ceil(threads))
-                    .map(|part| {
-                        let (mut s, mut nf) = (scratch.fork(), node_frag.clone());
-                        scope.spawn(move || {
-                            let mut ev = Evaluator {
-                                cluster,
-                                config,
-                                s: &mut s,
-                                node_frag: &mut nf,
-                            };
-                            let verdicts = part
-                                .iter()
-                                .enumerate()
-                                .map(|(k, &i)| {
-                                    if let Some(&ahead) = part.get(k + PREFETCH_AHEAD) {
-                                        prefetch_cards(cluster, nodes[ahead]);
-                                    }
-                                    (
-                                        i,
-                                        ev.evaluate(nodes[i], pod, allowed).map(|(s, _)| s).map_err(Arc::from),
-                                    )
-                                })
-                                .collect();
-                            (verdicts, nf)
-                        })
+            let (scratch, node_frag, terms) = (&self.scratch, &self.node_frag, &self.terms);
+            // One part's verdicts, on a copy of the scratch and the fragmentation memo.
+            let work = move |part: &[usize]| -> WorkerResult {
+                let (mut s, mut nf) = (scratch.fork(), node_frag.clone());
+                let mut ev = Evaluator {
+                    cluster,
+                    config,
+                    s: &mut s,
+                    node_frag: &mut nf,
+                    terms,
+                };
+                let verdicts = part
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &i)| {
+                        if let Some(&ahead) = part.get(k + PREFETCH_AHEAD) {
+                            prefetch_cards(cluster, nodes[ahead]);
+                            terms.prefetch(nodes[ahead]);
+                        }
+                        let verdict = ev.evaluate(nodes[i], pod, allowed);
+                        (i, verdict.map(|(s, _)| s).map_err(Arc::from))
                     })
                     .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("an evaluation thread panicked"))
-                    .collect()
+                (verdicts, nf)
+            };
+            // The calling thread takes the first part itself rather than wait.
+            let parts: Vec<WorkerResult> = std::thread::scope(|scope| {
+                let mut chunks = misses.chunks(misses.len().div_ceil(threads));
+                let first = chunks.next().unwrap_or_default();
+                let handles: Vec<_> = chunks.map(|part| scope.spawn(move || work(part))).collect();
+                let mut parts = vec![work(first)];
+                parts.extend(
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().expect("an evaluation thread panicked")),
+                );
+                parts
             });
             for (verdicts, nf) in parts {
                 for (i, v) in verdicts {

@@ -175,16 +175,33 @@ pub struct ClassSums {
     empty: bool,
 }
 
-/// A node's terms for [`Fragmentation::after_one_change`]: per level of the workload, the cards
-/// with room for it and the free compute of the others; per class, whether it could run on the
-/// node at all (model, CPU, number of cards).
+/// A node's terms for [`Fragmentation::after_one_change`]: its idle compute and
+/// [`LevelTerms`]; per class, whether it could run on the node at all (model, CPU, number of
+/// cards).
 #[derive(Debug, Clone, Default)]
 pub struct ChangeBase {
     idle: u64,
-    sorted: Vec<u32>,
-    room: Vec<u32>,
-    fragments: Vec<u64>,
+    per_level: Vec<(u32, u64)>,
     runs: Vec<bool>,
+}
+
+impl ChangeBase {
+    /// The node's terms that no pod changes.
+    pub(super) fn terms(&self) -> LevelTerms<'_> {
+        LevelTerms {
+            idle: self.idle,
+            per_level: &self.per_level,
+        }
+    }
+}
+
+/// A node's terms that no pod changes: its idle compute and, per level of the workload (the
+/// distinct per-card demands, ascending), the cards with room for it and the free compute of
+/// the others.
+#[derive(Debug, Clone, Copy)]
+pub struct LevelTerms<'a> {
+    pub(super) idle: u64,
+    pub(super) per_level: &'a [(u32, u64)],
 }
 
 /// A node's state as fragmentation sees it.
@@ -449,21 +466,45 @@ impl Fragmentation {
     /// The terms of the node with `model`, `cpu_free` and per-card free compute `frees`, for
     /// [`Fragmentation::after_one_change`].
     pub fn change_base(&self, out: &mut ChangeBase, model: u16, cpu_free: u64, frees: &[u32]) {
-        out.idle = frees.iter().map(|&f| u64::from(f)).sum();
-        out.sorted.clear();
-        out.sorted.extend_from_slice(frees);
-        out.sorted.sort_unstable_by(|a, b| b.cmp(a));
-        out.room.clear();
-        out.fragments.clear();
-        level_walk(&self.levels, &out.sorted, |room, fragments| {
-            out.room.push(room);
-            out.fragments.push(fragments);
-        });
-        out.runs.clear();
-        out.runs.extend(
+        out.per_level.clear();
+        out.per_level.resize(self.levels.len(), (0, 0));
+        out.idle = self.level_terms(frees, &mut out.per_level);
+        self.runs(&mut out.runs, model, cpu_free, frees.len());
+    }
+
+    /// Number of levels (distinct per-card demands) of the workload.
+    pub(super) fn levels(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// Writes a node's [`LevelTerms`] per level into `per_level` (one slot per level) and
+    /// returns its idle compute, for per-card free compute `frees`.
+    pub(super) fn level_terms(&self, frees: &[u32], per_level: &mut [(u32, u64)]) -> u64 {
+        for (slot, &g) in per_level.iter_mut().zip(&self.levels) {
+            let (mut room, mut fragments) = (0u32, 0u64);
+            for &f in frees {
+                let fits = f >= g;
+                room += u32::from(fits);
+                fragments += if fits { 0 } else { u64::from(f) };
+            }
+            *slot = (room, fragments);
+        }
+        frees.iter().map(|&f| u64::from(f)).sum()
+    }
+
+    /// Only the number of class CPU thresholds `cpu_free` meets matters to which classes run.
+    pub(super) fn cpu_rank(&self, cpu_free: u64) -> usize {
+        self.cpu_thresholds.partition_point(|&t| t <= cpu_free)
+    }
+
+    /// Per class, whether it wants GPU and could run on a node of `model` with `cpu_free` and
+    /// `cards` cards offering compute (room on them aside), written into `out`.
+    pub(super) fn runs(&self, out: &mut Vec<bool>, model: u16, cpu_free: u64, cards: usize) {
+        out.clear();
+        out.extend(
             self.classes
                 .iter()
-                .map(|c| c.level.is_some() && c.could_run(model, cpu_free, frees.len())),
+                .map(|c| c.level.is_some() && c.could_run(model, cpu_free, cards)),
         );
     }
 
@@ -471,26 +512,79 @@ impl Fragmentation {
     /// `from` to `to` (equal: the node as it is): what [`Fragmentation::eval`] gives for the
     /// changed node, to the bit (the same terms summed in the same order), without sorting.
     pub fn after_one_change(&self, base: &ChangeBase, from: u32, to: u32) -> f64 {
+        let terms = LevelTerms {
+            idle: base.idle,
+            per_level: &base.per_level,
+        };
+        self.after_one_change_of(terms, &base.runs, from, to)
+    }
+
+    /// [`Fragmentation::after_one_change`] of a node's `terms`, with the classes that `runs`.
+    pub(super) fn after_one_change_of(&self, terms: LevelTerms<'_>, runs: &[bool], from: u32, to: u32) -> f64 {
         // (A node without cards sums zeros: 0.0, as `eval` answers it.)
-        let idle = base.idle - u64::from(from) + u64::from(to);
+        let idle = terms.idle - u64::from(from) + u64::from(to);
         let mut total = 0.0;
-        for (c, &runs) in self.classes.iter().zip(&base.runs) {
+        for (c, &runs) in self.classes.iter().zip(runs) {
             let frag = match c.level {
                 Some(l) if runs => {
                     let g = self.levels[l];
-                    let room = base.room[l] - u32::from(from >= g) + u32::from(to >= g);
+                    let (room, fragments) = terms.per_level[l];
+                    let room = room - u32::from(from >= g) + u32::from(to >= g);
                     if room as usize >= c.cards {
-                        base.fragments[l] - if from < g { u64::from(from) } else { 0 }
-                            + if to < g { u64::from(to) } else { 0 }
+                        fragments - if from < g { u64::from(from) } else { 0 } + if to < g { u64::from(to) } else { 0 }
                     } else {
                         idle
                     }
                 }
                 _ => idle,
             };
-            total += c.weight * frag as f64;
+            // Exact either way (far below 2^53), and one instruction where `u64` takes several.
+            total += c.weight * (frag as i64) as f64;
         }
         total
+    }
+
+    /// [`Fragmentation::after_one_change_of`] for each of `froms` going to `from - core`,
+    /// written into `out` in order: the same sums to the bit, several cards at a time (each
+    /// card's sum is its own, in class order; the cards' sums run side by side).
+    pub(super) fn after_changes_of(
+        &self,
+        terms: LevelTerms<'_>,
+        runs: &[bool],
+        froms: &[u32],
+        core: u32,
+        out: &mut Vec<f64>,
+    ) {
+        const LANES: usize = 8;
+        out.clear();
+        for chunk in froms.chunks(LANES) {
+            let (mut idle, mut total) = ([0u64; LANES], [0.0f64; LANES]);
+            for (i, &from) in idle.iter_mut().zip(chunk) {
+                *i = terms.idle - u64::from(from) + u64::from(from - core);
+            }
+            for (c, &runs) in self.classes.iter().zip(runs) {
+                let level = c.level.filter(|_| runs);
+                for (j, &from) in chunk.iter().enumerate() {
+                    let to = from - core;
+                    let frag = match level {
+                        Some(l) => {
+                            let g = self.levels[l];
+                            let (room, fragments) = terms.per_level[l];
+                            let room = room - u32::from(from >= g) + u32::from(to >= g);
+                            if room as usize >= c.cards {
+                                fragments - if from < g { u64::from(from) } else { 0 }
+                                    + if to < g { u64::from(to) } else { 0 }
+                            } else {
+                                idle[j]
+                            }
+                        }
+                        None => idle[j],
+                    };
+                    total[j] += c.weight * (frag as i64) as f64;
+                }
+            }
+            out.extend_from_slice(&total[..chunk.len()]);
+        }
     }
 
     /// Number of memoised node shapes.

@@ -12,6 +12,7 @@ mod frag;
 mod rng;
 mod share;
 mod state;
+mod terms;
 #[cfg(test)]
 mod tests;
 
@@ -32,6 +33,8 @@ pub use state::{CARD_MILLI, CardState, ClusterState, MigSlot, NodeState, ShareOw
 use crate::enforcement::ShareEnforcement;
 use crate::policy::PolicyKind;
 use evaluate::{Evaluator, Scratch};
+use frag::LevelTerms;
+use terms::NodeTerms;
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +115,9 @@ pub struct Engine {
     workload: TargetWorkload,
     node_frag: Vec<Option<f64>>,
     score_memo: Vec<Option<ScoreMemo>>,
+    /// What share evaluations read of each node (card briefs, fragmentation terms), kept
+    /// while the node does not change.
+    terms: NodeTerms,
 }
 
 /// A share chooser for the general (multi-container) path.
@@ -183,6 +189,8 @@ impl Engine {
     pub fn new(cluster: ClusterState, workload: &TargetWorkload, config: EngineConfig) -> Self {
         let frag = Fragmentation::new(workload, &cluster);
         let n = cluster.nodes.len();
+        let mut terms = NodeTerms::default();
+        terms.reset(frag.levels(), &cluster);
         Self {
             cluster,
             config,
@@ -190,6 +198,7 @@ impl Engine {
             workload: workload.clone(),
             node_frag: vec![None; n],
             score_memo: vec![None; n],
+            terms,
         }
     }
 
@@ -206,6 +215,8 @@ impl Engine {
     /// Replaces the target workload (e.g. from a [`WorkloadLearner`]).
     pub fn set_workload(&mut self, workload: &TargetWorkload) {
         self.scratch.frag = Fragmentation::new(workload, &self.cluster);
+        self.scratch.runs_key = None;
+        self.terms.reset(self.scratch.frag.levels(), &self.cluster);
         self.workload = workload.clone();
         self.node_frag.iter_mut().for_each(|f| *f = None);
         self.score_memo.iter_mut().for_each(|f| *f = None);
@@ -219,6 +230,7 @@ impl Engine {
         }
         self.node_frag[node] = None;
         self.score_memo[node] = None;
+        self.terms.forget(node);
     }
 
     /// Fragmentation of one node now, milli-GPU.
@@ -255,6 +267,7 @@ impl Engine {
             self.node_frag.resize(self.cluster.nodes.len(), None);
             self.score_memo.resize(self.cluster.nodes.len(), None);
         }
+        self.terms.grow(self.cluster.nodes.len());
     }
 
     /// An evaluator over this engine's cluster, scratch and memos.
@@ -265,6 +278,7 @@ impl Engine {
             config: self.config,
             s: &mut self.scratch,
             node_frag: &mut self.node_frag,
+            terms: &self.terms,
         }
     }
 
@@ -349,6 +363,7 @@ impl Engine {
         // shuffles the node order per seed). Keeping a stable order also consolidates load.
         let mut best: Option<(f64, usize, Option<SimpleChoice>)> = None;
         let mut reasons = Vec::new();
+        self.refresh_terms(pod, 0..self.cluster.nodes.len());
         for n in 0..self.cluster.nodes.len() {
             match self.evaluate(n, pod, &allowed) {
                 Err(r) => reasons.push((n, r)),

@@ -10,7 +10,7 @@
 
 use super::evaluate::Evaluator;
 use super::fit::{check_node_resources, pct};
-use super::{CARD_MILLI, CardDemand, NodeAfter, PodDemand, PolicyKind, ShareOwner, fgd_score, fit};
+use super::{CARD_MILLI, CardDemand, NodeAfter, PodDemand, PolicyKind, ShareOwner, ShareUser, fgd_score, fit};
 use super::{mosaic_card_score, node_score};
 
 /// The card the general path's chooser takes among `pool` (positions with room that admit the
@@ -66,69 +66,24 @@ impl Evaluator<'_> {
         let node = &cluster.nodes[n];
         check_node_resources(node, pod)?;
         pod.enforcement_ok(node.enforcement)?;
-        // One pass over the cards: those that take the share into the pool; what the refusal
-        // would say when none does.
-        let pool = &mut self.s.pool;
-        pool.clear();
-        let (mut any_allowed, mut any_usable) = (false, false);
-        let mut first_roomy: Option<usize> = None;
-        let mut best_free: Option<(u32, u64)> = None;
-        for (i, c) in node.cards.iter().enumerate() {
-            let allowed = allowed.get(usize::from(c.model)).copied().unwrap_or(false);
-            any_allowed |= allowed;
-            if !(allowed && c.healthy) {
-                continue;
-            }
-            any_usable = true;
-            if c.mig.is_some() {
-                continue;
-            }
-            let free = (c.core_free(), c.memory_free());
-            best_free = best_free.max(Some(free));
-            let need = memory_mib.unwrap_or(c.memory_mib * u64::from(core) / u64::from(CARD_MILLI));
-            if free.0 < core || free.1 < need {
-                continue;
-            }
-            first_roomy.get_or_insert(i);
-            if c.admits(node.enforcement, node.cross_tenant, owner).is_ok() {
-                pool.push(i);
-            }
-        }
-        if pool.is_empty() {
-            return Err(if !any_usable {
-                if node.cards.is_empty() {
-                    "node has no GPU".into()
-                } else if !any_allowed {
-                    "no card of an allowed model".into()
-                } else {
-                    "no healthy card available".into()
-                }
-            } else if let Some(first) = first_roomy {
-                fit::share_refused(node, first, owner)
-            } else if let Some((cf, mf)) = best_free {
-                format!(
-                    "best card has {} core, {} free; needs {}, {}",
-                    pct(cf),
-                    fit::gib(mf),
-                    pct(core),
-                    memory_mib.map_or_else(|| "memory in proportion".to_string(), fit::gib)
-                )
-            } else {
-                "every usable card is in MIG mode".into()
-            });
-        }
+        let share = (core, memory_mib);
+        // The node's free compute and capacity over the cards that offer it.
+        let (gpu_free, offering) = match self.kept_pool(n, allowed, share, owner) {
+            Some(sums) => sums,
+            None => self.scan_pool(n, allowed, share, owner)?,
+        };
         let cpu_after = node.cpu_free() - pod.cpu_milli;
-        let pick = self.pick_share_card(n, core, gpu_policy, cpu_after);
         let before = if matches!(node_policy, PolicyKind::Fgd | PolicyKind::Mosaic) {
             self.node_fragmentation(n)
         } else {
             0.0
         };
+        let pick = self.pick_share_card(n, core, gpu_policy, cpu_after);
         let after = NodeAfter {
             cpu_free: cpu_after,
             cpu_total: node.cpu_milli,
-            gpu_free: node.gpu_free_milli() - u64::from(core),
-            gpu_capacity: node.gpu_capacity_milli(),
+            gpu_free: gpu_free - u64::from(core),
+            gpu_capacity: offering as u64 * u64::from(CARD_MILLI),
         };
         let (frag, frees, rng) = (&mut self.s.frag, &mut self.s.frees, &mut self.s.rng);
         let frag_after = || {
@@ -153,6 +108,114 @@ impl Evaluator<'_> {
         Ok(node_score(node_policy, rng, before, frag_after, &after, pod))
     }
 
+    /// Fills the scratch pool (the cards that take the share, with their free compute and
+    /// memory) from node `n`'s kept briefs, and gives the node's free compute and cards
+    /// offering it; `None` when nothing is kept or no card takes the share
+    /// ([`Evaluator::scan_pool`] then says why).
+    fn kept_pool(
+        &mut self,
+        n: usize,
+        allowed: &[bool],
+        (core, memory_mib): (u32, Option<u64>),
+        owner: ShareOwner,
+    ) -> Option<(u64, usize)> {
+        let kept = self.terms.get(n)?;
+        let node = &self.cluster.nodes[n];
+        let s = &mut *self.s;
+        s.pool.clear();
+        s.pool_free.clear();
+        for b in kept.cards {
+            if !allowed.get(usize::from(b.model)).copied().unwrap_or(false) {
+                continue;
+            }
+            let free = (u32::from(b.core_free), u64::from(b.memory_free));
+            let need = match memory_mib {
+                Some(m) => m,
+                None => u64::from(b.memory_mib) * u64::from(core) / u64::from(CARD_MILLI),
+            };
+            if free.0 < core || free.1 < need {
+                continue;
+            }
+            if ShareUser::admits(b.share_user.as_ref(), node.enforcement, node.cross_tenant, owner).is_ok() {
+                s.pool.push(usize::from(b.index));
+                s.pool_free.push(free);
+            }
+        }
+        (!s.pool.is_empty()).then_some((kept.terms.idle, kept.offering))
+    }
+
+    /// [`Evaluator::kept_pool`] from the node's cards in full; when no card takes the share,
+    /// why.
+    fn scan_pool(
+        &mut self,
+        n: usize,
+        allowed: &[bool],
+        (core, memory_mib): (u32, Option<u64>),
+        owner: ShareOwner,
+    ) -> Result<(u64, usize), String> {
+        let node = &self.cluster.nodes[n];
+        let s = &mut *self.s;
+        s.pool.clear();
+        s.pool_free.clear();
+        let (mut any_allowed, mut any_usable) = (false, false);
+        let mut first_roomy: Option<usize> = None;
+        let mut best_free: Option<(u32, u64)> = None;
+        let (mut gpu_free, mut offering) = (0u64, 0usize);
+        for (i, c) in node.cards.iter().enumerate() {
+            if c.offers_compute() {
+                gpu_free += u64::from(c.core_free());
+                offering += 1;
+            }
+            let allowed = allowed.get(usize::from(c.model)).copied().unwrap_or(false);
+            any_allowed |= allowed;
+            if !(allowed && c.healthy) {
+                continue;
+            }
+            any_usable = true;
+            if c.mig.is_some() {
+                continue;
+            }
+            let free = (c.core_free(), c.memory_free());
+            best_free = best_free.max(Some(free));
+            let need = match memory_mib {
+                Some(m) => m,
+                None => c.memory_mib * u64::from(core) / u64::from(CARD_MILLI),
+            };
+            if free.0 < core || free.1 < need {
+                continue;
+            }
+            first_roomy.get_or_insert(i);
+            if c.admits(node.enforcement, node.cross_tenant, owner).is_ok() {
+                s.pool.push(i);
+                s.pool_free.push(free);
+            }
+        }
+        if !s.pool.is_empty() {
+            return Ok((gpu_free, offering));
+        }
+        Err(if !any_usable {
+            if node.cards.is_empty() {
+                "node has no GPU".into()
+            } else if !any_allowed {
+                "no card of an allowed model".into()
+            } else {
+                "no healthy card available".into()
+            }
+        } else if let Some(first) = first_roomy {
+            fit::share_refused(node, first, owner)
+        } else if let Some((cf, mf)) = best_free {
+            format!(
+                "best card has {} core, {} free; needs {}, {}",
+                pct(cf),
+                fit::gib(mf),
+                pct(core),
+                memory_mib.map_or_else(|| "memory in proportion".to_string(), fit::gib)
+            )
+        } else {
+            "every usable card is in MIG mode".into()
+        })
+    }
+
     /// The card the general path's [`super::PolicyChooser`] takes among the cards in the
     /// scratch pool (the first when there is one).
     fn pick_share_card(&mut self, n: usize, core: u32, policy: PolicyKind, cpu_after: u64) -> Pick {
@@ -164,38 +227,63 @@ impl Evaluator<'_> {
         if pool.len() == 1 {
             return only(pool[0]);
         }
-        let free = |i: usize| (node.cards[i].core_free(), node.cards[i].memory_free());
+        let with_free = || pool.iter().zip(&s.pool_free);
         match policy {
             PolicyKind::Random => only(pool[s.rng.below(pool.len() as u64) as usize]),
             PolicyKind::Spread => only(
-                *pool
-                    .iter()
-                    .max_by_key(|&&i| (free(i), usize::MAX - i))
-                    .expect("non-empty"),
+                *with_free()
+                    .max_by_key(|&(&i, &free)| (free, usize::MAX - i))
+                    .expect("non-empty")
+                    .0,
             ),
             PolicyKind::Binpack | PolicyKind::Bestfit => {
-                only(*pool.iter().min_by_key(|&&i| (free(i), i)).expect("non-empty"))
+                only(*with_free().min_by_key(|&(&i, &free)| (free, i)).expect("non-empty").0)
             }
             PolicyKind::Fgd | PolicyKind::Mosaic => {
-                s.frees.clear();
-                s.frees
-                    .extend(node.cards.iter().filter(|c| c.offers_compute()).map(|c| c.core_free()));
-                // Each card tried changes one card: `after_one_change` gives what a full
-                // evaluation of the changed node gives, to the bit.
-                s.frag
-                    .change_base(&mut s.base, node.model().unwrap_or(0), cpu_after, &s.frees);
-                let before = s.frag.after_one_change(&s.base, 0, 0);
-                let mut best = (f64::NEG_INFINITY, pool[0], f64::NAN);
-                // Cards with the same free compute score the same, and the first of equals is
-                // kept: each free compute is evaluated once.
-                let mut seen = [u32::MAX; 16];
-                for (k, &c) in pool.iter().enumerate() {
-                    let cf = node.cards[c].core_free();
-                    if seen.contains(&cf) {
-                        continue;
+                // Each card tried changes one card: `after_one_change_of` gives what a full
+                // evaluation of the changed node gives, to the bit. The node's terms are kept
+                // while it does not change; which classes could run depends on the pod's CPU.
+                let kept = self.terms.get(n);
+                let (model, cards) = match kept {
+                    Some(k) => (k.model, k.offering),
+                    None => (
+                        node.model().unwrap_or(0),
+                        node.cards.iter().filter(|c| c.offers_compute()).count(),
+                    ),
+                };
+                let key = (model, cards, s.frag.cpu_rank(cpu_after));
+                if s.runs_key != Some(key) {
+                    s.frag.runs(&mut s.runs, model, cpu_after, cards);
+                    s.runs_key = Some(key);
+                }
+                let terms = match kept {
+                    Some(k) => k.terms,
+                    None => {
+                        s.frees.clear();
+                        s.frees
+                            .extend(node.cards.iter().filter(|c| c.offers_compute()).map(|c| c.core_free()));
+                        s.frag.change_base(&mut s.base, model, cpu_after, &s.frees);
+                        s.base.terms()
                     }
-                    seen[k.min(seen.len() - 1)] = cf;
-                    let fa = s.frag.after_one_change(&s.base, cf, cf - core);
+                };
+                // The node as it is: its remembered fragmentation where the pod's CPU leaves
+                // the same classes able to run (the same sum, to the bit).
+                let before = self.node_frag[n]
+                    .filter(|_| s.frag.cpu_rank(node.cpu_free()) == key.2)
+                    .unwrap_or_else(|| s.frag.after_one_change_of(terms, &s.runs, 0, 0));
+                // Cards with the same free compute score the same, and the first of equals is
+                // kept: each free compute is evaluated once, all of them in one pass.
+                s.distinct.clear();
+                for (&c, &(cf, _)) in pool.iter().zip(&s.pool_free) {
+                    if !s.distinct.iter().any(|&(seen, _)| seen == cf) {
+                        s.distinct.push((cf, c));
+                    }
+                }
+                s.froms.clear();
+                s.froms.extend(s.distinct.iter().map(|&(cf, _)| cf));
+                s.frag.after_changes_of(terms, &s.runs, &s.froms, core, &mut s.afters);
+                let mut best = (f64::NEG_INFINITY, pool[0], f64::NAN);
+                for (&(cf, c), &fa) in s.distinct.iter().zip(&s.afters) {
                     let score = if policy == PolicyKind::Fgd {
                         fgd_score(before, fa)
                     } else {

@@ -143,7 +143,19 @@ impl CardState {
     /// shares cards between tenants or not: a card's shares belong to one tenant unless the
     /// node opts in, and MPS serves one user per card.
     pub fn admits(&self, mode: ShareEnforcement, cross_tenant: bool, owner: ShareOwner) -> Result<(), ShareRefusal> {
-        let Some(u) = self.share_user else {
+        ShareUser::admits(self.share_user.as_ref(), mode, cross_tenant, owner)
+    }
+}
+
+impl ShareUser {
+    /// [`CardState::admits`] for a card whose shares are `user`'s (`None`: it holds none).
+    pub fn admits(
+        user: Option<&ShareUser>,
+        mode: ShareEnforcement,
+        cross_tenant: bool,
+        owner: ShareOwner,
+    ) -> Result<(), ShareRefusal> {
+        let Some(u) = user else {
             return Ok(());
         };
         if !cross_tenant && u.tenant != owner.tenant {

@@ -244,5 +244,16 @@ proptest::proptest! {
                 proptest::prop_assert_eq!(f.after_one_change(&base, from, to).to_bits(), want.to_bits());
             }
         }
+        // Every card changed by the same amount at once, cards side by side: each the same bits
+        // as alone (more cards than run side by side, too).
+        let core = frees.iter().copied().min().unwrap_or(0) / 2;
+        let froms: Vec<u32> = frees.iter().chain(&frees).copied().collect();
+        let mut afters = Vec::new();
+        f.after_changes_of(base.terms(), &base.runs, &froms, core, &mut afters);
+        proptest::prop_assert_eq!(afters.len(), froms.len());
+        for (&from, after) in froms.iter().zip(afters) {
+            let alone = f.after_one_change(&base, from, from - core);
+            proptest::prop_assert_eq!(after.to_bits(), alone.to_bits());
+        }
     }
 }

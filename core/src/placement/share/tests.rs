@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::super::evaluate::{Evaluator, Scratch};
+use super::super::terms::NodeTerms;
 use super::super::*;
 use crate::enforcement::{EnforcementRequirement, ShareEnforcement};
 use crate::inventory::{FixtureSource, InventorySource};
@@ -134,27 +135,46 @@ fn owned_shares_get_the_general_paths_verdicts_exactly() {
         }
         let frag = Fragmentation::new(&random_workload(&mut rng), &cluster);
         let config = EngineConfig::default();
-        // One scratch (random source, memos) per path, drawn from alike.
-        let (mut fast, mut general) = (Scratch::new(frag.clone(), seed), Scratch::new(frag, seed));
-        let (mut fast_frag, mut general_frag) = (vec![None; 24], vec![None; 24]);
+        // One scratch (random source, memos) per path, drawn from alike. The owned-share path
+        // runs twice: with every node's fragmentation terms kept, and with none.
+        let mut kept = NodeTerms::default();
+        kept.reset(frag.levels(), &cluster);
+        kept.refresh(&frag, &cluster, 0..cluster.nodes.len(), &mut Vec::new());
+        let none = NodeTerms::default();
+        let mut fast = [Scratch::new(frag.clone(), seed), Scratch::new(frag.clone(), seed)];
+        let mut general = Scratch::new(frag, seed);
+        let (mut fast_frag, mut general_frag) = ([vec![None; 24], vec![None; 24]], vec![None; 24]);
         for _ in 0..40 {
             let (pod, policies) = random_share(&mut rng);
             let allowed = cluster.allowed_models(pod.gpu_models.as_deref());
             for n in 0..cluster.nodes.len() {
-                let mut ev = Evaluator {
-                    cluster: &cluster,
-                    config,
-                    s: &mut fast,
-                    node_frag: &mut fast_frag,
-                };
-                let got = ev
-                    .owned_share(n, &pod, &allowed, policies)
-                    .expect("a one-container share");
+                let mut got = [&kept, &none]
+                    .into_iter()
+                    .zip(&mut fast)
+                    .zip(&mut fast_frag)
+                    .map(|((terms, s), nf)| {
+                        let mut ev = Evaluator {
+                            cluster: &cluster,
+                            config,
+                            s,
+                            node_frag: nf,
+                            terms,
+                        };
+                        ev.owned_share(n, &pod, &allowed, policies)
+                            .expect("a one-container share")
+                    });
+                let (got, uncached) = (got.next().expect("kept"), got.next().expect("none"));
+                assert_eq!(
+                    exact(got.clone()),
+                    exact(uncached),
+                    "seed {seed}, node {n}: terms kept or not"
+                );
                 let mut ev = Evaluator {
                     cluster: &cluster,
                     config,
                     s: &mut general,
                     node_frag: &mut general_frag,
+                    terms: &none,
                 };
                 let want = ev.general(n, &pod, &allowed, policies);
                 let key = match &want {
@@ -190,5 +210,67 @@ fn owned_shares_get_the_general_paths_verdicts_exactly() {
             .map(|(_, n)| n)
             .sum();
         assert!(seen > 0, "{reason:?} never happened: {outcomes:#?}");
+    }
+}
+
+/// A verdict list with the scores' exact bits.
+fn exact_all(v: Vec<(usize, Verdict)>) -> Vec<(usize, Result<u64, String>)> {
+    v.into_iter()
+        .map(|(n, v)| (n, v.map(f64::to_bits).map_err(|e| e.to_string())))
+        .collect()
+}
+
+#[test]
+fn kept_node_terms_follow_every_change_of_a_node() {
+    // One engine keeps what each node's share evaluations read while pods are placed and
+    // released, cards fail and the workload changes; an engine built afresh on the same
+    // cluster before each pod keeps nothing from before. Their verdicts are the same bits.
+    for seed in 0..12 {
+        let mut rng = Rng::new(1000 + seed);
+        let mut cluster = ClusterState::new();
+        for i in 0..16 {
+            let node = random_node(&mut cluster, &mut rng, format!("node-{i}"));
+            cluster.add_node(node);
+        }
+        let mut workload = random_workload(&mut rng);
+        let config = EngineConfig::default();
+        let mut kept = Engine::new(cluster, &workload, config);
+        let all: Vec<usize> = (0..kept.cluster.nodes.len()).collect();
+        let mut placed = Vec::new();
+        for step in 0..80 {
+            let (mut pod, (node_policy, gpu_policy)) = random_share(&mut rng);
+            if node_policy == PolicyKind::Random || gpu_policy == PolicyKind::Random {
+                (pod.node_policy, pod.gpu_policy) = (None, None);
+            } else {
+                (pod.node_policy, pod.gpu_policy) = (Some(node_policy), Some(gpu_policy));
+            }
+            let got = kept.evaluate_nodes(&pod, &all);
+            let mut fresh = Engine::new(kept.cluster.clone(), &workload, config);
+            let want = fresh.evaluate_nodes(&pod, &all);
+            assert_eq!(exact_all(got), exact_all(want), "seed {seed}, step {step}: {pod:?}");
+            match rng.below(8) {
+                0 if !placed.is_empty() => {
+                    let (pod, placement) = placed.swap_remove(rng.below(placed.len() as u64) as usize);
+                    kept.release(&pod, &placement);
+                }
+                1 => {
+                    let n = rng.below(all.len() as u64) as usize;
+                    if let Some(c) = kept.cluster.nodes[n].cards.first_mut() {
+                        c.healthy = !c.healthy;
+                    }
+                    kept.node_changed(n);
+                }
+                2 => {
+                    workload = random_workload(&mut rng);
+                    kept.set_workload(&workload);
+                }
+                _ => {
+                    if let Ok(placement) = kept.schedule(&pod) {
+                        kept.commit(&pod, &placement);
+                        placed.push((pod, placement));
+                    }
+                }
+            }
+        }
     }
 }
