@@ -38,10 +38,10 @@ pub(super) struct Scratch {
     /// per card that offers it.
     pub(super) pool: Vec<usize>,
     pub(super) pool_free: Vec<(u32, u64)>,
-    /// The pool's distinct free compute (with the first card that has it), and each one's
+    /// The pool's distinct free compute, the first card that has each, and each one's
     /// fragmentation once the share takes it.
-    pub(super) distinct: Vec<(u32, usize)>,
     pub(super) froms: Vec<u32>,
+    pub(super) firsts: Vec<usize>,
     pub(super) afters: Vec<f64>,
     pub(super) frees: Vec<u32>,
     /// A node's terms for one-card changes.
@@ -61,8 +61,8 @@ impl Scratch {
             sums: Default::default(),
             pool: Vec::new(),
             pool_free: Vec::new(),
-            distinct: Vec::new(),
             froms: Vec::new(),
+            firsts: Vec::new(),
             afters: Vec::new(),
             frees: Vec::new(),
             base: Default::default(),
@@ -82,8 +82,8 @@ impl Scratch {
             sums: Default::default(),
             pool: Vec::new(),
             pool_free: Vec::new(),
-            distinct: Vec::new(),
             froms: Vec::new(),
+            firsts: Vec::new(),
             afters: Vec::new(),
             frees: Vec::new(),
             base: Default::default(),
@@ -157,7 +157,7 @@ impl Evaluator<'_> {
             if !c.offers_compute() || !model_ok(i) {
                 continue;
             }
-            let mem = memory_mib.unwrap_or(c.memory_mib * u64::from(core) / u64::from(CARD_MILLI));
+            let mem = fit::share_memory(memory_mib, c.memory_mib, core);
             if c.core_free() < core || c.memory_free() < mem {
                 if fallback.is_none_or(|f| (c.core_free(), c.memory_free()) > f) {
                     fallback = Some((c.core_free(), c.memory_free()));
@@ -421,18 +421,24 @@ const PREFETCH_AHEAD: usize = 8;
 /// put half of an evaluation's own time on their first load).
 #[inline]
 fn prefetch_cards(cluster: &ClusterState, n: usize) {
+    prefetch(&cluster.nodes[n].cards);
+}
+
+/// Asks the CPU to bring `items` into its cache (a hint; nothing where there is no such
+/// instruction).
+#[inline]
+pub(super) fn prefetch<T>(items: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let cards = cluster.nodes[n].cards.as_slice();
-        let start = cards.as_ptr().cast::<i8>();
-        for offset in (0..std::mem::size_of_val(cards)).step_by(64) {
-            // SAFETY: a prefetch is a hint that never faults; the address is in the cards.
+        let start = items.as_ptr().cast::<i8>();
+        for offset in (0..std::mem::size_of_val(items)).step_by(64) {
+            // SAFETY: a prefetch is a hint that never faults; the address is in `items`.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset)) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (cluster, n);
+    let _ = items;
 }
 
 /// How many threads to evaluate `misses` nodes on.

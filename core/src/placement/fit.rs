@@ -73,6 +73,15 @@ pub trait ShareChooser {
     ) -> usize;
 }
 
+/// The memory a share of `core` milli takes on a card of `card_mib`: what it names, else the
+/// same proportion of the card's memory.
+pub(super) fn share_memory(memory_mib: Option<u64>, card_mib: u64, core: u32) -> u64 {
+    match memory_mib {
+        Some(m) => m,
+        None => card_mib * u64::from(core) / u64::from(CARD_MILLI),
+    }
+}
+
 /// `46%`, `0.5%`: compute in milli as a percentage of one card.
 pub(super) fn pct(milli: u32) -> String {
     if milli.is_multiple_of(10) {
@@ -226,9 +235,7 @@ fn place_container(
                 .collect();
             let need_mem: Vec<u64> = compute
                 .iter()
-                .map(|&i| {
-                    memory_mib.unwrap_or(node.cards[i].memory_mib * u64::from(*core_milli) / u64::from(CARD_MILLI))
-                })
+                .map(|&i| share_memory(*memory_mib, node.cards[i].memory_mib, *core_milli))
                 .collect();
             let roomy: Vec<usize> = compute
                 .iter()
@@ -273,8 +280,7 @@ fn place_container(
             } else {
                 chooser.choose(node, free, pool, *core_milli, &mems)
             };
-            let mem =
-                memory_mib.unwrap_or(node.cards[pick].memory_mib * u64::from(*core_milli) / u64::from(CARD_MILLI));
+            let mem = share_memory(*memory_mib, node.cards[pick].memory_mib, *core_milli);
             // Not busy: another container of the pod may share the card too (its free
             // compute and memory are what limit it).
             free[pick].0 -= core_milli;

@@ -391,18 +391,10 @@ impl Fragmentation {
     /// card), written into `out` (its buffers reused), so that the node with one card changed is
     /// evaluated by [`Fragmentation::after_change`] without sorting or scanning the cards again.
     pub fn sums(&self, out: &mut ClassSums, model: u16, cpu_free: u64, frees: &[u32]) {
-        out.idle = frees.iter().map(|&f| u64::from(f)).sum();
         out.empty = frees.is_empty();
         out.per_level.clear();
-        out.per_level.extend(self.levels.iter().map(|&g| {
-            let (mut room, mut fragments) = (0u32, 0u64);
-            for &f in frees {
-                let fits = f >= g;
-                room += u32::from(fits);
-                fragments += if fits { 0 } else { u64::from(f) };
-            }
-            (room, fragments)
-        }));
+        out.per_level.resize(self.levels.len(), (0, 0));
+        out.idle = self.level_terms(frees, &mut out.per_level);
         // Classes that can run here are summed by (per-card demand, cards); the rest count the
         // node's whole idle compute whatever changes.
         out.group_weight.clear();
@@ -525,23 +517,37 @@ impl Fragmentation {
         let idle = terms.idle - u64::from(from) + u64::from(to);
         let mut total = 0.0;
         for (c, &runs) in self.classes.iter().zip(runs) {
-            let frag = match c.level {
-                Some(l) if runs => {
-                    let g = self.levels[l];
-                    let (room, fragments) = terms.per_level[l];
-                    let room = room - u32::from(from >= g) + u32::from(to >= g);
-                    if room as usize >= c.cards {
-                        fragments - if from < g { u64::from(from) } else { 0 } + if to < g { u64::from(to) } else { 0 }
-                    } else {
-                        idle
-                    }
-                }
-                _ => idle,
-            };
+            let frag = self.class_fragments(c, runs, terms, idle, (from, to));
             // Exact either way (far below 2^53), and one instruction where `u64` takes several.
             total += c.weight * (frag as i64) as f64;
         }
         total
+    }
+
+    /// Class `c`'s fragments on the node of `terms` once one card's free compute goes from
+    /// `from` to `to` (`idle`: the node's idle compute then): the free compute of the cards with
+    /// less room than the class needs per card where enough cards have room and the class
+    /// `runs` there, else all of it.
+    #[inline]
+    fn class_fragments(
+        &self,
+        c: &Compiled,
+        runs: bool,
+        terms: LevelTerms<'_>,
+        idle: u64,
+        (from, to): (u32, u32),
+    ) -> u64 {
+        let Some(l) = c.level.filter(|_| runs) else {
+            return idle;
+        };
+        let g = self.levels[l];
+        let (room, fragments) = terms.per_level[l];
+        let room = room - u32::from(from >= g) + u32::from(to >= g);
+        if room as usize >= c.cards {
+            fragments - if from < g { u64::from(from) } else { 0 } + if to < g { u64::from(to) } else { 0 }
+        } else {
+            idle
+        }
     }
 
     /// [`Fragmentation::after_one_change_of`] for each of `froms` going to `from - core`,
@@ -563,23 +569,8 @@ impl Fragmentation {
                 *i = terms.idle - u64::from(from) + u64::from(from - core);
             }
             for (c, &runs) in self.classes.iter().zip(runs) {
-                let level = c.level.filter(|_| runs);
                 for (j, &from) in chunk.iter().enumerate() {
-                    let to = from - core;
-                    let frag = match level {
-                        Some(l) => {
-                            let g = self.levels[l];
-                            let (room, fragments) = terms.per_level[l];
-                            let room = room - u32::from(from >= g) + u32::from(to >= g);
-                            if room as usize >= c.cards {
-                                fragments - if from < g { u64::from(from) } else { 0 }
-                                    + if to < g { u64::from(to) } else { 0 }
-                            } else {
-                                idle[j]
-                            }
-                        }
-                        None => idle[j],
-                    };
+                    let frag = self.class_fragments(c, runs, terms, idle[j], (from, from - core));
                     total[j] += c.weight * (frag as i64) as f64;
                 }
             }

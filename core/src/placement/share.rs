@@ -129,10 +129,7 @@ impl Evaluator<'_> {
                 continue;
             }
             let free = (u32::from(b.core_free), u64::from(b.memory_free));
-            let need = match memory_mib {
-                Some(m) => m,
-                None => u64::from(b.memory_mib) * u64::from(core) / u64::from(CARD_MILLI),
-            };
+            let need = fit::share_memory(memory_mib, u64::from(b.memory_mib), core);
             if free.0 < core || free.1 < need {
                 continue;
             }
@@ -177,10 +174,7 @@ impl Evaluator<'_> {
             }
             let free = (c.core_free(), c.memory_free());
             best_free = best_free.max(Some(free));
-            let need = match memory_mib {
-                Some(m) => m,
-                None => c.memory_mib * u64::from(core) / u64::from(CARD_MILLI),
-            };
+            let need = fit::share_memory(memory_mib, c.memory_mib, core);
             if free.0 < core || free.1 < need {
                 continue;
             }
@@ -273,17 +267,17 @@ impl Evaluator<'_> {
                     .unwrap_or_else(|| s.frag.after_one_change_of(terms, &s.runs, 0, 0));
                 // Cards with the same free compute score the same, and the first of equals is
                 // kept: each free compute is evaluated once, all of them in one pass.
-                s.distinct.clear();
+                s.froms.clear();
+                s.firsts.clear();
                 for (&c, &(cf, _)) in pool.iter().zip(&s.pool_free) {
-                    if !s.distinct.iter().any(|&(seen, _)| seen == cf) {
-                        s.distinct.push((cf, c));
+                    if !s.froms.contains(&cf) {
+                        s.froms.push(cf);
+                        s.firsts.push(c);
                     }
                 }
-                s.froms.clear();
-                s.froms.extend(s.distinct.iter().map(|&(cf, _)| cf));
                 s.frag.after_changes_of(terms, &s.runs, &s.froms, core, &mut s.afters);
                 let mut best = (f64::NEG_INFINITY, pool[0], f64::NAN);
-                for (&(cf, c), &fa) in s.distinct.iter().zip(&s.afters) {
+                for ((&cf, &c), &fa) in s.froms.iter().zip(&s.firsts).zip(&s.afters) {
                     let score = if policy == PolicyKind::Fgd {
                         fgd_score(before, fa)
                     } else {

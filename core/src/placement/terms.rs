@@ -9,6 +9,7 @@
 //! remembered verdict). The briefs of a node's cards are a few cache lines where its cards'
 //! full state is a dozen, and they are laid out node after node, as a filter reads them.
 
+use super::evaluate::prefetch;
 use super::{ClusterState, Fragmentation, LevelTerms, NodeState, ShareUser};
 
 /// Cards per node kept at least (nodes with more than every node had at the last reset are
@@ -148,16 +149,11 @@ impl NodeTerms {
     /// Asks the CPU to bring node `n`'s terms and briefs into its cache ahead of their use.
     #[inline]
     pub(super) fn prefetch(&self, n: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let offering = self.head.get(n).map_or(0, |h| h.1 as usize);
-            let levels = self.per_level.get(n * self.levels..(n + 1) * self.levels);
-            let cards = self.cards.get(n * self.stride..n * self.stride + offering);
-            prefetch(levels.unwrap_or_default());
-            prefetch(cards.unwrap_or_default());
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = n;
+        let offering = self.head.get(n).map_or(0, |h| h.1 as usize);
+        let levels = self.per_level.get(n * self.levels..(n + 1) * self.levels);
+        let cards = self.cards.get(n * self.stride..n * self.stride + offering);
+        prefetch(levels.unwrap_or_default());
+        prefetch(cards.unwrap_or_default());
     }
 
     /// Node `n` as kept, when it has not changed since.
@@ -176,17 +172,5 @@ impl NodeTerms {
             },
             cards: &self.cards[n * self.stride..n * self.stride + offering],
         })
-    }
-}
-
-/// Asks the CPU to bring `items` into its cache.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn prefetch<T>(items: &[T]) {
-    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-    let start = items.as_ptr().cast::<i8>();
-    for offset in (0..std::mem::size_of_val(items)).step_by(64) {
-        // SAFETY: a prefetch is a hint that never faults; the address is in `items`.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset)) };
     }
 }
