@@ -218,7 +218,9 @@ impl Evaluator<'_> {
         let s = &mut *self.s;
         let pool = &s.pool;
         let only = |card| Pick { card, frag_after: None };
-        if pool.len() == 1 {
+        // One card: no choice to make, but the fragmentation policies weigh it below from the
+        // node's terms (kept ones are read where the card states are not).
+        if pool.len() == 1 && !matches!(policy, PolicyKind::Fgd | PolicyKind::Mosaic) {
             return only(pool[0]);
         }
         let with_free = || pool.iter().zip(&s.pool_free);

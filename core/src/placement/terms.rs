@@ -156,9 +156,15 @@ impl NodeTerms {
         prefetch(cards.unwrap_or_default());
     }
 
+    /// Whether node `n` is kept as it is.
+    #[inline]
+    pub(super) fn is_kept(&self, n: usize) -> bool {
+        self.fresh.get(n).copied().unwrap_or(false)
+    }
+
     /// Node `n` as kept, when it has not changed since.
     pub(super) fn get(&self, n: usize) -> Option<Kept<'_>> {
-        if !self.fresh.get(n).copied().unwrap_or(false) {
+        if !self.is_kept(n) {
             return None;
         }
         let (model, offering, idle) = self.head[n];
