@@ -488,13 +488,21 @@ impl Engine {
     }
 
     /// The remembered verdict of each of `nodes` for `pod`, where there is one.
+    ///
+    /// For a pod whose verdict depends on its CPU and memory only through the node's resource
+    /// check and the class CPU thresholds the CPU left meets ([`card_tier`]), a node remembers
+    /// the verdict of its cards for the pod's GPU ask: a later pod of the same ask and other
+    /// CPU and memory (most pods of a mixed cluster) is checked for resources and reuses it.
     fn remembered(&mut self, pod: &PodDemand, nodes: &[usize]) -> Vec<Option<Verdict>> {
         self.grow_memos();
-        let key = memo_key(pod);
         let (node_policy, gpu_policy) = policies(&self.config, pod);
         if node_policy == PolicyKind::Random || gpu_policy == PolicyKind::Random {
             return vec![None; nodes.len()];
         }
+        let tier = card_tier(&self.config, pod);
+        let ask = tier.as_ref().unwrap_or(pod);
+        let key = memo_key(ask);
+        let (cluster, frag) = (&self.cluster, &self.scratch.frag);
         // Nodes evaluated together share one copy of the pod: compare it once.
         let mut same: Option<&Arc<PodDemand>> = None;
         nodes
@@ -502,12 +510,21 @@ impl Engine {
             .map(|&n| {
                 let m = self.score_memo[n].as_ref().filter(|m| m.key == key)?;
                 if !same.is_some_and(|s| Arc::ptr_eq(s, &m.pod)) {
-                    if *m.pod != *pod {
+                    if *m.pod != *ask {
                         return None;
                     }
                     same = Some(&m.pod);
                 }
-                Some(m.verdict.clone())
+                if (m.cpu_milli, m.memory_bytes) == (pod.cpu_milli, pod.memory_bytes) {
+                    return Some(m.verdict.clone());
+                }
+                let rank = m.cpu_rank?;
+                let node = &cluster.nodes[n];
+                // The evaluation checks the node's resources first.
+                if let Err(e) = check_node_resources(node, pod) {
+                    return Some(Err(Arc::from(e)));
+                }
+                (rank == frag.cpu_rank(node.cpu_free() - pod.cpu_milli)).then(|| m.verdict.clone())
             })
             .collect()
     }
@@ -615,11 +632,23 @@ impl Engine {
             }
         }
         if deterministic && !misses.is_empty() {
-            let (key, shared) = (memo_key(pod), Arc::new(pod.clone()));
+            let tier = card_tier(&self.config, pod);
+            let by_cards = tier.is_some();
+            let shared = Arc::new(tier.unwrap_or_else(|| pod.clone()));
+            let key = memo_key(&shared);
+            let (cluster, frag) = (&self.cluster, &self.scratch.frag);
             for &i in &misses {
-                self.score_memo[nodes[i]] = Some(ScoreMemo {
+                let (n, node) = (nodes[i], &cluster.nodes[nodes[i]]);
+                // A failed resource check is this pod's alone; otherwise the verdict is what
+                // the cards said.
+                let cpu_rank = (by_cards && check_node_resources(node, pod).is_ok())
+                    .then(|| frag.cpu_rank(node.cpu_free() - pod.cpu_milli));
+                self.score_memo[n] = Some(ScoreMemo {
                     key,
                     pod: shared.clone(),
+                    cpu_milli: pod.cpu_milli,
+                    memory_bytes: pod.memory_bytes,
+                    cpu_rank,
                     verdict: out[i].clone().expect("evaluated"),
                 });
             }
@@ -637,6 +666,23 @@ impl Engine {
 fn reads_terms(config: &EngineConfig, pod: &PodDemand) -> bool {
     let (_, gpu_policy) = policies(config, pod);
     pod.wants_share() && matches!(gpu_policy, PolicyKind::Fgd | PolicyKind::Mosaic)
+}
+
+/// The pod's GPU ask (its CPU and memory set to zero) when its verdict on any node is the
+/// node's resource check, then a verdict that depends on its CPU only through the number of
+/// class CPU thresholds the node's CPU left meets: node policies that weigh fragmentation (the
+/// others weigh CPU use), and pods that take the owned-share or the simple path on every node
+/// (the general path's refusals do not all come after the resource check).
+fn card_tier(config: &EngineConfig, pod: &PodDemand) -> Option<PodDemand> {
+    let (node_policy, gpu_policy) = policies(config, pod);
+    let weighs_fragmentation = matches!(node_policy, PolicyKind::Fgd | PolicyKind::Mosaic);
+    let owned_form = pod.phases.len() == 1 && pod.phases[0] == [0];
+    let simple = Engine::is_simple(pod) && (!pod.wants_share() || owned_form);
+    (weighs_fragmentation && gpu_policy != PolicyKind::Random && simple).then(|| PodDemand {
+        cpu_milli: 0,
+        memory_bytes: 0,
+        ..pod.clone()
+    })
 }
 
 fn memo_key(pod: &PodDemand) -> u64 {

@@ -101,7 +101,15 @@ enum SimpleChoice {
 #[derive(Debug, Clone)]
 struct ScoreMemo {
     key: u64,
+    /// The pod, or its GPU ask alone (CPU and memory zero) where the verdict may be its cards'.
     pod: std::sync::Arc<PodDemand>,
+    /// The CPU and memory of the pod evaluated: the verdict is its own.
+    cpu_milli: u64,
+    memory_bytes: u64,
+    /// Where the verdict is what the node's cards said for the GPU ask, the number of class CPU
+    /// thresholds the node's CPU left met: a pod of other CPU and memory that passes the
+    /// resource check and leaves as many gets the same verdict.
+    cpu_rank: Option<usize>,
     verdict: Verdict,
 }
 

@@ -274,3 +274,45 @@ fn kept_node_terms_follow_every_change_of_a_node() {
         }
     }
 }
+
+#[test]
+fn a_gpu_ask_remembered_for_other_cpu_and_memory_gives_fresh_verdicts() {
+    // Pods of one GPU ask and other CPU and memory (some more than nodes have free, some
+    // crossing the workload's class CPU thresholds) reuse what each node's cards said; an
+    // engine built afresh before each pod remembers nothing. Their verdicts are the same bits.
+    for seed in 0..12 {
+        let mut rng = Rng::new(2000 + seed);
+        let mut cluster = ClusterState::new();
+        for i in 0..16 {
+            let node = random_node(&mut cluster, &mut rng, format!("node-{i}"));
+            cluster.add_node(node);
+        }
+        let workload = random_workload(&mut rng);
+        let config = EngineConfig::default();
+        let mut kept = Engine::new(cluster, &workload, config);
+        let all: Vec<usize> = (0..kept.cluster.nodes.len()).collect();
+        for step in 0..30 {
+            let (mut ask, (node_policy, gpu_policy)) = random_share(&mut rng);
+            if node_policy != PolicyKind::Random && gpu_policy != PolicyKind::Random {
+                (ask.node_policy, ask.gpu_policy) = (Some(node_policy), Some(gpu_policy));
+            }
+            if rng.below(3) == 0 {
+                ask.containers[0].cards = CardDemand::Whole {
+                    cards: 1 + rng.below(2) as u32,
+                    min_memory_mib: None,
+                };
+            }
+            for _ in 0..6 {
+                let mut pod = ask.clone();
+                pod.cpu_milli = 1000 * rng.below(48);
+                pod.memory_bytes = rng.below(128) << 30;
+                let got = kept.evaluate_nodes(&pod, &all);
+                let want = Engine::new(kept.cluster.clone(), &workload, config).evaluate_nodes(&pod, &all);
+                assert_eq!(exact_all(got), exact_all(want), "seed {seed}, step {step}: {pod:?}");
+            }
+            if let Ok(placement) = kept.schedule(&ask) {
+                kept.commit(&ask, &placement);
+            }
+        }
+    }
+}
