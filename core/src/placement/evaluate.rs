@@ -508,7 +508,7 @@ impl Engine {
         nodes
             .iter()
             .map(|&n| {
-                let m = self.score_memo[n].as_ref().filter(|m| m.key == key)?;
+                let m = self.score_memo[n].iter().flatten().find(|m| m.key == key)?;
                 if !same.is_some_and(|s| Arc::ptr_eq(s, &m.pod)) {
                     if *m.pod != *ask {
                         return None;
@@ -643,7 +643,13 @@ impl Engine {
                 // the cards said.
                 let cpu_rank = (by_cards && check_node_resources(node, pod).is_ok())
                     .then(|| frag.cpu_rank(node.cpu_free() - pod.cpu_milli));
-                self.score_memo[n] = Some(ScoreMemo {
+                let memo = &mut self.score_memo[n];
+                // The latest first; the others move down, the oldest out (or this shape's
+                // earlier verdict).
+                let old = memo.iter().position(|m| m.as_ref().is_some_and(|m| m.key == key));
+                let last = old.unwrap_or(memo.len() - 1);
+                memo[..=last].rotate_right(1);
+                memo[0] = Some(ScoreMemo {
                     key,
                     pod: shared.clone(),
                     cpu_milli: pod.cpu_milli,

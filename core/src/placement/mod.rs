@@ -97,7 +97,11 @@ enum SimpleChoice {
     Whole,
 }
 
-/// A node's verdict for the last pod shape evaluated on it.
+/// Pod shapes (or GPU asks) each node remembers its verdict for: a cluster's pods ask for a few
+/// dozen things of its GPUs (24 in the public trace's first 3,000 pods) in turns.
+const MEMO_SHAPES: usize = 4;
+
+/// A node's verdict for a pod shape evaluated on it.
 #[derive(Debug, Clone)]
 struct ScoreMemo {
     key: u64,
@@ -122,7 +126,9 @@ pub struct Engine {
     scratch: Scratch,
     workload: TargetWorkload,
     node_frag: Vec<Option<f64>>,
-    score_memo: Vec<Option<ScoreMemo>>,
+    /// Per node, its verdicts for the last [`MEMO_SHAPES`] pod shapes (or GPU asks), the latest
+    /// first.
+    score_memo: Vec<[Option<ScoreMemo>; MEMO_SHAPES]>,
     /// What share evaluations read of each node (card briefs, fragmentation terms), kept
     /// while the node does not change.
     terms: NodeTerms,
@@ -205,7 +211,7 @@ impl Engine {
             scratch: Scratch::new(frag, config.seed),
             workload: workload.clone(),
             node_frag: vec![None; n],
-            score_memo: vec![None; n],
+            score_memo: vec![[const { None }; MEMO_SHAPES]; n],
             terms,
         }
     }
@@ -227,17 +233,20 @@ impl Engine {
         self.terms.reset(self.scratch.frag.levels(), &self.cluster);
         self.workload = workload.clone();
         self.node_frag.iter_mut().for_each(|f| *f = None);
-        self.score_memo.iter_mut().for_each(|f| *f = None);
+        self.score_memo
+            .iter_mut()
+            .for_each(|f| *f = [const { None }; MEMO_SHAPES]);
     }
 
     /// Tells the engine a node changed outside [`Engine::commit`] / [`Engine::release`].
     pub fn node_changed(&mut self, node: usize) {
         if self.node_frag.len() < self.cluster.nodes.len() {
             self.node_frag.resize(self.cluster.nodes.len(), None);
-            self.score_memo.resize(self.cluster.nodes.len(), None);
+            self.score_memo
+                .resize(self.cluster.nodes.len(), [const { None }; MEMO_SHAPES]);
         }
         self.node_frag[node] = None;
-        self.score_memo[node] = None;
+        self.score_memo[node] = [const { None }; MEMO_SHAPES];
         self.terms.forget(node);
     }
 
@@ -273,7 +282,8 @@ impl Engine {
     fn grow_memos(&mut self) {
         if self.node_frag.len() < self.cluster.nodes.len() {
             self.node_frag.resize(self.cluster.nodes.len(), None);
-            self.score_memo.resize(self.cluster.nodes.len(), None);
+            self.score_memo
+                .resize(self.cluster.nodes.len(), [const { None }; MEMO_SHAPES]);
         }
         self.terms.grow(self.cluster.nodes.len());
     }

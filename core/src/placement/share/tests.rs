@@ -291,6 +291,7 @@ fn a_gpu_ask_remembered_for_other_cpu_and_memory_gives_fresh_verdicts() {
         let config = EngineConfig::default();
         let mut kept = Engine::new(cluster, &workload, config);
         let all: Vec<usize> = (0..kept.cluster.nodes.len()).collect();
+        let mut asks = Vec::new();
         for step in 0..30 {
             let (mut ask, (node_policy, gpu_policy)) = random_share(&mut rng);
             if node_policy != PolicyKind::Random && gpu_policy != PolicyKind::Random {
@@ -302,8 +303,10 @@ fn a_gpu_ask_remembered_for_other_cpu_and_memory_gives_fresh_verdicts() {
                     min_memory_mib: None,
                 };
             }
-            for _ in 0..6 {
-                let mut pod = ask.clone();
+            // Each node remembers several asks: the two before come back in between.
+            asks.push(ask.clone());
+            for k in 0..8 {
+                let mut pod = asks[asks.len().saturating_sub(1 + k % 3)].clone();
                 pod.cpu_milli = 1000 * rng.below(48);
                 pod.memory_bytes = rng.below(128) << 30;
                 let got = kept.evaluate_nodes(&pod, &all);
