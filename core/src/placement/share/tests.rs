@@ -220,6 +220,19 @@ fn exact_all(v: Vec<(usize, Verdict)>) -> Vec<(usize, Result<u64, String>)> {
         .collect()
 }
 
+/// An engine of the default policies on 16 random nodes and a random workload, with the
+/// workload and every node's position.
+fn random_engine(rng: &mut Rng) -> (Engine, TargetWorkload, Vec<usize>) {
+    let mut cluster = ClusterState::new();
+    for i in 0..16 {
+        let node = random_node(&mut cluster, rng, format!("node-{i}"));
+        cluster.add_node(node);
+    }
+    let workload = random_workload(rng);
+    let engine = Engine::new(cluster, &workload, EngineConfig::default());
+    (engine, workload, (0..16).collect())
+}
+
 #[test]
 fn kept_node_terms_follow_every_change_of_a_node() {
     // One engine keeps what each node's share evaluations read while pods are placed and
@@ -227,15 +240,8 @@ fn kept_node_terms_follow_every_change_of_a_node() {
     // cluster before each pod keeps nothing from before. Their verdicts are the same bits.
     for seed in 0..12 {
         let mut rng = Rng::new(1000 + seed);
-        let mut cluster = ClusterState::new();
-        for i in 0..16 {
-            let node = random_node(&mut cluster, &mut rng, format!("node-{i}"));
-            cluster.add_node(node);
-        }
-        let mut workload = random_workload(&mut rng);
-        let config = EngineConfig::default();
-        let mut kept = Engine::new(cluster, &workload, config);
-        let all: Vec<usize> = (0..kept.cluster.nodes.len()).collect();
+        let (mut kept, mut workload, all) = random_engine(&mut rng);
+        let config = kept.config();
         let mut placed = Vec::new();
         for step in 0..80 {
             let (mut pod, (node_policy, gpu_policy)) = random_share(&mut rng);
@@ -282,15 +288,8 @@ fn a_gpu_ask_remembered_for_other_cpu_and_memory_gives_fresh_verdicts() {
     // engine built afresh before each pod remembers nothing. Their verdicts are the same bits.
     for seed in 0..12 {
         let mut rng = Rng::new(2000 + seed);
-        let mut cluster = ClusterState::new();
-        for i in 0..16 {
-            let node = random_node(&mut cluster, &mut rng, format!("node-{i}"));
-            cluster.add_node(node);
-        }
-        let workload = random_workload(&mut rng);
-        let config = EngineConfig::default();
-        let mut kept = Engine::new(cluster, &workload, config);
-        let all: Vec<usize> = (0..kept.cluster.nodes.len()).collect();
+        let (mut kept, workload, all) = random_engine(&mut rng);
+        let config = kept.config();
         let mut asks = Vec::new();
         for step in 0..30 {
             let (mut ask, (node_policy, gpu_policy)) = random_share(&mut rng);
