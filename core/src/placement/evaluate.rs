@@ -476,9 +476,10 @@ impl Engine {
 
     /// Filters and scores `nodes` for `pod`: per node, its score or why it does not fit.
     ///
-    /// Each node remembers its verdict for the last pod shape it was asked about until it
-    /// changes (or the workload does): the scheduler asks filter and then prioritize for the
-    /// same pod, and consecutive pods of one workload have the same shape. Nodes without a
+    /// Each node remembers its verdicts for the last few pod shapes it was asked about until
+    /// it changes (or the workload does): the scheduler asks filter and then prioritize for the
+    /// same pod, consecutive pods of one workload have the same shape, and a cluster's pods
+    /// take turns among a few GPU asks. Nodes without a
     /// remembered verdict are evaluated on several threads when there are many of them and
     /// the policies are deterministic; the verdicts are the same as on one thread.
     pub fn evaluate_nodes(&mut self, pod: &PodDemand, nodes: &[usize]) -> Vec<(usize, Verdict)> {
