@@ -683,8 +683,7 @@ fn reads_terms(config: &EngineConfig, pod: &PodDemand) -> bool {
 fn card_tier(config: &EngineConfig, pod: &PodDemand) -> Option<PodDemand> {
     let (node_policy, gpu_policy) = policies(config, pod);
     let weighs_fragmentation = matches!(node_policy, PolicyKind::Fgd | PolicyKind::Mosaic);
-    let owned_form = pod.phases.len() == 1 && pod.phases[0] == [0];
-    let simple = Engine::is_simple(pod) && (!pod.wants_share() || owned_form);
+    let simple = Engine::is_simple(pod) && (!pod.wants_share() || super::share::owned_form(pod).is_some());
     (weighs_fragmentation && gpu_policy != PolicyKind::Random && simple).then(|| PodDemand {
         cpu_milli: 0,
         memory_bytes: 0,

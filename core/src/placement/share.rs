@@ -20,6 +20,25 @@ struct Pick {
     frag_after: Option<f64>,
 }
 
+/// The share of a one-container, one-phase share pod (compute, memory) and its owner: the form
+/// this path takes; `None` for any other pod.
+pub(super) fn owned_form(pod: &PodDemand) -> Option<((u32, Option<u64>), ShareOwner)> {
+    let [container] = pod.containers.as_slice() else {
+        return None;
+    };
+    let CardDemand::Share { core_milli, memory_mib } = container.cards else {
+        return None;
+    };
+    if pod.phases.len() != 1 || pod.phases[0] != [0] {
+        return None;
+    }
+    let owner = ShareOwner {
+        uid: container.run_as_user,
+        tenant: pod.tenant,
+    };
+    Some(((core_milli, memory_mib), owner))
+}
+
 impl Evaluator<'_> {
     /// The general path's verdict for a one-container, one-phase share pod on node `n`: its
     /// score, or why it does not fit. `None` when the pod is not of that form.
@@ -30,27 +49,8 @@ impl Evaluator<'_> {
         allowed: &[bool],
         (node_policy, gpu_policy): (PolicyKind, PolicyKind),
     ) -> Option<Result<f64, String>> {
-        let [container] = pod.containers.as_slice() else {
-            return None;
-        };
-        let CardDemand::Share { core_milli, memory_mib } = container.cards else {
-            return None;
-        };
-        if pod.phases.len() != 1 || pod.phases[0] != [0] {
-            return None;
-        }
-        let owner = ShareOwner {
-            uid: container.run_as_user,
-            tenant: pod.tenant,
-        };
-        Some(self.owned_share_on(
-            n,
-            pod,
-            allowed,
-            (core_milli, memory_mib),
-            owner,
-            (node_policy, gpu_policy),
-        ))
+        let (share, owner) = owned_form(pod)?;
+        Some(self.owned_share_on(n, pod, allowed, share, owner, (node_policy, gpu_policy)))
     }
 
     fn owned_share_on(
