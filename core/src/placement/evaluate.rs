@@ -1,14 +1,13 @@
 //! Evaluating a pod on one node (the filter verdict and the score) and on many nodes at once,
 //! on several threads when many nodes meet a pod shape for the first time.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::fit::{NodePlan, PodUsage, check_node_resources, plan_node};
 use super::terms::NodeTerms;
 use super::{
     CARD_MILLI, CardDemand, ClusterState, Engine, EngineConfig, Fragmentation, NodeAfter, NodeShape, NodeState,
-    PodDemand, PolicyChooser, Rng, ScoreMemo, ShareEnforcement, SimpleChoice, Tenant, fgd_score, fit,
+    PodDemand, PolicyChooser, Rng, ScoreMemo, ShareEnforcement, SimpleChoice, Tenant, fgd_score, fit, memo,
     mosaic_card_score, node_score,
 };
 use crate::policy::PolicyKind;
@@ -27,8 +26,46 @@ const PARALLEL_BLOCK: (usize, usize) = (16, 256);
 /// At most this many threads evaluate one request.
 const MAX_THREADS: usize = 8;
 
-/// One thread's verdicts (by position in the request) and its node fragmentation memo.
-type WorkerResult = (Vec<(usize, Verdict)>, Vec<Option<f64>>);
+/// What evaluating one node gives: its verdict, the number of class CPU thresholds the node's
+/// CPU left meets where the verdict is its cards' for the pod's GPU ask (see [`card_tier`]),
+/// and the node's fragmentation now where the evaluation worked it out.
+type Evaluated = (Verdict, Option<usize>, Option<f64>);
+
+/// The nodes' remembered fragmentation as an evaluation reads and writes it.
+pub(super) enum FragMemo<'a> {
+    /// The engine's own memo (one thread).
+    Own(&'a mut [Option<f64>]),
+    /// The engine's memo, read by one of several threads, and the last node this thread
+    /// worked out (taken after each node and written back once all are done).
+    Shared {
+        kept: &'a [Option<f64>],
+        fresh: Option<(usize, f64)>,
+    },
+}
+
+impl FragMemo<'_> {
+    pub(super) fn get(&self, n: usize) -> Option<f64> {
+        match self {
+            Self::Own(memo) => memo[n],
+            Self::Shared { kept, fresh } => fresh.filter(|f| f.0 == n).map(|f| f.1).or(kept[n]),
+        }
+    }
+
+    fn set(&mut self, n: usize, f: f64) {
+        match self {
+            Self::Own(memo) => memo[n] = Some(f),
+            Self::Shared { fresh, .. } => *fresh = Some((n, f)),
+        }
+    }
+
+    /// Node `n`'s fragmentation, where it was worked out since the last call.
+    fn take_fresh(&mut self, n: usize) -> Option<f64> {
+        match self {
+            Self::Own(_) => None,
+            Self::Shared { fresh, .. } => fresh.take().filter(|f| f.0 == n).map(|f| f.1),
+        }
+    }
+}
 
 /// What evaluating a node writes besides its verdict: the fragmentation model (with its memo),
 /// the random source, and scratch space.
@@ -112,7 +149,7 @@ pub(super) struct Evaluator<'a> {
     pub(super) config: EngineConfig,
     pub(super) s: &'a mut Scratch,
     /// Each node's fragmentation now, memoised.
-    pub(super) node_frag: &'a mut [Option<f64>],
+    pub(super) node_frag: FragMemo<'a>,
     /// Each node's fragmentation terms, where fresh.
     pub(super) terms: &'a NodeTerms,
 }
@@ -124,11 +161,11 @@ impl Evaluator<'_> {
 
     /// Fragmentation of node `n` now, milli-GPU.
     pub(super) fn node_fragmentation(&mut self, n: usize) -> f64 {
-        if let Some(f) = self.node_frag[n] {
+        if let Some(f) = self.node_frag.get(n) {
             return f;
         }
         let f = self.s.frag.of_node(&self.cluster.nodes[n]);
-        self.node_frag[n] = Some(f);
+        self.node_frag.set(n, f);
         f
     }
 
@@ -502,14 +539,14 @@ impl Engine {
         }
         let tier = card_tier(&self.config, pod);
         let ask = tier.as_ref().unwrap_or(pod);
-        let key = memo_key(ask);
+        let key = memo::key(ask);
         let (cluster, frag) = (&self.cluster, &self.scratch.frag);
         // Nodes evaluated together share one copy of the pod: compare it once.
         let mut same: Option<&Arc<PodDemand>> = None;
         nodes
             .iter()
             .map(|&n| {
-                let m = self.score_memo[n].iter().flatten().find(|m| m.key == key)?;
+                let m = self.score_memo.get(n, key)?;
                 if !same.is_some_and(|s| Arc::ptr_eq(s, &m.pod)) {
                     if *m.pod != *ask {
                         return None;
@@ -542,7 +579,8 @@ impl Engine {
         self.evaluate_rest(pod, nodes, remembered, threads)
     }
 
-    /// Evaluates the nodes without a remembered verdict on at most `threads` threads.
+    /// Evaluates the nodes without a remembered verdict on at most `threads` threads, and
+    /// remembers their verdicts.
     fn evaluate_rest(
         &mut self,
         pod: &PodDemand,
@@ -556,115 +594,131 @@ impl Engine {
         let misses: Vec<usize> = (0..nodes.len()).filter(|&i| out[i].is_none()).collect();
         self.refresh_terms(pod, misses.iter().map(|&i| nodes[i]));
         let briefs = reads_terms(&self.config, pod);
+        let tier = card_tier(&self.config, pod);
         let threads = if deterministic {
             threads.clamp(1, misses.len().max(1))
         } else {
             1
         };
+        let mut done: Vec<Option<Evaluated>> = Vec::new();
+        done.resize_with(misses.len(), || None);
+        let (cluster, allowed, misses) = (&self.cluster, &allowed, &misses);
+        // The `k`th miss's evaluation, with what the memo keeps of it, worked out while the
+        // node is in the cache.
+        let by_cards = tier.is_some();
+        let step = |ev: &mut Evaluator<'_>, k: usize| -> Evaluated {
+            let n = nodes[misses[k]];
+            let verdict = ev.evaluate(n, pod, allowed).map(|(s, _)| s).map_err(Arc::from);
+            let node = &cluster.nodes[n];
+            // A failed resource check is this pod's alone; otherwise the verdict is what the
+            // cards said.
+            let rank = (by_cards && check_node_resources(node, pod).is_ok())
+                .then(|| ev.s.frag.cpu_rank(node.cpu_free() - pod.cpu_milli));
+            (verdict, rank, ev.node_frag.take_fresh(n))
+        };
         if threads == 1 {
             let mut ev = Evaluator {
-                cluster: &self.cluster,
+                cluster,
                 config: self.config,
                 s: &mut self.scratch,
-                node_frag: &mut self.node_frag,
+                node_frag: FragMemo::Own(&mut self.node_frag),
                 terms: &self.terms,
             };
-            for (k, &i) in misses.iter().enumerate() {
+            for (k, slot) in done.iter_mut().enumerate() {
                 if let Some(&ahead) = misses.get(k + PREFETCH_AHEAD) {
-                    prefetch_node(&self.cluster, &self.terms, nodes[ahead], briefs);
+                    prefetch_node(cluster, ev.terms, nodes[ahead], briefs);
                 }
-                out[i] = Some(ev.evaluate(nodes[i], pod, &allowed).map(|(s, _)| s).map_err(Arc::from));
+                *slot = Some(step(&mut ev, k));
             }
         } else {
-            let (cluster, config, allowed) = (&self.cluster, self.config, &allowed);
-            let (scratch, node_frag, terms) = (&self.scratch, &self.node_frag, &self.terms);
-            // Each thread's verdicts, on its copy of the scratch and the fragmentation memo.
-            // Threads take the next block of nodes as they come free: one that starts late (on
-            // a VM whose other CPU is asleep, a spawned thread starts 0.3 to 1 ms after the
-            // call) leaves its blocks to those already running. Which thread evaluates a node
-            // does not change its verdict.
+            let (config, scratch, node_frag, terms) = (self.config, &self.scratch, &self.node_frag, &self.terms);
+            // Threads take the next block of nodes as they come free, so one that starts late
+            // leaves its blocks to those already running; each fills the verdicts of its
+            // blocks, on its copy of the scratch. Which thread evaluates a node does not change
+            // its verdict.
             let block = (misses.len() / (threads * 8)).clamp(PARALLEL_BLOCK.0, PARALLEL_BLOCK.1);
-            let next = AtomicUsize::new(0);
-            let (next, misses) = (&next, &misses);
-            let work = move || -> WorkerResult {
-                let (mut s, mut nf) = (scratch.fork(), node_frag.clone());
+            let blocks = std::sync::Mutex::new(done.chunks_mut(block).enumerate());
+            let work = || {
+                let mut s = scratch.fork();
                 let mut ev = Evaluator {
                     cluster,
                     config,
                     s: &mut s,
-                    node_frag: &mut nf,
+                    node_frag: FragMemo::Shared {
+                        kept: node_frag,
+                        fresh: None,
+                    },
                     terms,
                 };
-                let mut verdicts = Vec::new();
                 loop {
-                    let from = next.fetch_add(block, Ordering::Relaxed);
-                    if from >= misses.len() {
+                    let next = blocks.lock().unwrap_or_else(|p| p.into_inner()).next();
+                    let Some((b, slots)) = next else {
                         break;
-                    }
-                    let to = (from + block).min(misses.len());
-                    for k in from..to {
-                        if let Some(&ahead) = misses.get(k + PREFETCH_AHEAD).filter(|_| k + PREFETCH_AHEAD < to) {
-                            prefetch_node(cluster, terms, nodes[ahead], briefs);
+                    };
+                    let from = b * block;
+                    let to = from + slots.len();
+                    for (k, slot) in (from..to).zip(slots) {
+                        if k + PREFETCH_AHEAD < to {
+                            prefetch_node(cluster, terms, nodes[misses[k + PREFETCH_AHEAD]], briefs);
                         }
-                        let i = misses[k];
-                        let verdict = ev.evaluate(nodes[i], pod, allowed);
-                        verdicts.push((i, verdict.map(|(s, _)| s).map_err(Arc::from)));
+                        *slot = Some(step(&mut ev, k));
                     }
                 }
-                (verdicts, nf)
             };
-            // The calling thread works too rather than wait.
-            let parts: Vec<WorkerResult> = std::thread::scope(|scope| {
-                let handles: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
-                let mut parts = vec![work()];
-                parts.extend(
-                    handles
-                        .into_iter()
-                        .map(|h| h.join().expect("an evaluation thread panicked")),
-                );
-                parts
-            });
-            for (verdicts, nf) in parts {
-                for (i, v) in verdicts {
-                    let n = nodes[i];
-                    self.node_frag[n] = self.node_frag[n].or(nf[n]);
-                    out[i] = Some(v);
+            // The calling thread works too rather than wait; the others are the pool's, kept
+            // between requests (a parked thread wakes in tens of microseconds here, where a
+            // new one takes over a hundred).
+            rayon::in_place_scope(|scope| {
+                for _ in 1..threads {
+                    scope.spawn(|_| work());
                 }
-            }
+                work();
+            });
         }
-        if deterministic && !misses.is_empty() {
-            let tier = card_tier(&self.config, pod);
-            let by_cards = tier.is_some();
-            let shared = Arc::new(tier.unwrap_or_else(|| pod.clone()));
-            let key = memo_key(&shared);
-            let (cluster, frag) = (&self.cluster, &self.scratch.frag);
-            for &i in &misses {
-                let (n, node) = (nodes[i], &cluster.nodes[nodes[i]]);
-                // A failed resource check is this pod's alone; otherwise the verdict is what
-                // the cards said.
-                let cpu_rank = (by_cards && check_node_resources(node, pod).is_ok())
-                    .then(|| frag.cpu_rank(node.cpu_free() - pod.cpu_milli));
-                let memo = &mut self.score_memo[n];
-                // The latest first; the others move down, the oldest out (or this shape's
-                // earlier verdict).
-                let old = memo.iter().position(|m| m.as_ref().is_some_and(|m| m.key == key));
-                let last = old.unwrap_or(memo.len() - 1);
-                memo[..=last].rotate_right(1);
-                memo[0] = Some(ScoreMemo {
-                    key,
-                    pod: shared.clone(),
-                    cpu_milli: pod.cpu_milli,
-                    memory_bytes: pod.memory_bytes,
-                    cpu_rank,
-                    verdict: out[i].clone().expect("evaluated"),
-                });
-            }
-        }
+        self.keep(pod, tier, deterministic, (nodes, misses), done, &mut out);
         nodes
             .iter()
             .zip(out)
             .map(|(&n, v)| (n, v.expect("every node has a verdict")))
             .collect()
+    }
+
+    /// Writes back what evaluating `misses` (positions in `nodes`) gave: their verdicts into
+    /// `out`, the nodes' fragmentation worked out on other threads, and the verdicts into the
+    /// memo when the policies are deterministic (for `tier`, the GPU ask, where the verdict is
+    /// the cards').
+    fn keep(
+        &mut self,
+        pod: &PodDemand,
+        tier: Option<PodDemand>,
+        deterministic: bool,
+        (nodes, misses): (&[usize], &[usize]),
+        done: Vec<Option<Evaluated>>,
+        out: &mut [Option<Verdict>],
+    ) {
+        let shared = (deterministic && !misses.is_empty()).then(|| Arc::new(tier.unwrap_or_else(|| pod.clone())));
+        let key = shared.as_deref().map(memo::key);
+        for (&i, done) in misses.iter().zip(done) {
+            let (verdict, cpu_rank, frag) = done.expect("every node without a verdict was evaluated");
+            let n = nodes[i];
+            if frag.is_some() {
+                self.node_frag[n] = frag;
+            }
+            if let (Some(shared), Some(key)) = (&shared, key) {
+                self.score_memo.put(
+                    n,
+                    key,
+                    ScoreMemo {
+                        pod: shared.clone(),
+                        cpu_milli: pod.cpu_milli,
+                        memory_bytes: pod.memory_bytes,
+                        cpu_rank,
+                        verdict: verdict.clone(),
+                    },
+                );
+            }
+            out[i] = Some(verdict);
+        }
     }
 }
 
@@ -689,9 +743,4 @@ fn card_tier(config: &EngineConfig, pod: &PodDemand) -> Option<PodDemand> {
         memory_bytes: 0,
         ..pod.clone()
     })
-}
-
-fn memo_key(pod: &PodDemand) -> u64 {
-    use std::hash::BuildHasher as _;
-    rustc_hash::FxBuildHasher.hash_one(pod)
 }

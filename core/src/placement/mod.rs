@@ -9,6 +9,7 @@ mod demand;
 mod evaluate;
 mod fit;
 mod frag;
+mod memo;
 mod rng;
 mod share;
 mod state;
@@ -34,6 +35,7 @@ use crate::enforcement::ShareEnforcement;
 use crate::policy::PolicyKind;
 use evaluate::{Evaluator, Scratch};
 use frag::LevelTerms;
+use memo::{ScoreMemo, VerdictMemo};
 use terms::NodeTerms;
 
 /// Engine settings.
@@ -97,26 +99,6 @@ enum SimpleChoice {
     Whole,
 }
 
-/// Pod shapes (or GPU asks) each node remembers its verdict for: a cluster's pods ask for a few
-/// dozen things of its GPUs (24 in the public trace's first 3,000 pods) in turns.
-const MEMO_SHAPES: usize = 4;
-
-/// A node's verdict for a pod shape evaluated on it.
-#[derive(Debug, Clone)]
-struct ScoreMemo {
-    key: u64,
-    /// The pod, or its GPU ask alone (CPU and memory zero) where the verdict may be its cards'.
-    pod: std::sync::Arc<PodDemand>,
-    /// The CPU and memory of the pod evaluated: the verdict is its own.
-    cpu_milli: u64,
-    memory_bytes: u64,
-    /// Where the verdict is what the node's cards said for the GPU ask, the number of class CPU
-    /// thresholds the node's CPU left met: a pod of other CPU and memory that passes the
-    /// resource check and leaves as many gets the same verdict.
-    cpu_rank: Option<usize>,
-    verdict: Verdict,
-}
-
 /// The placement engine.
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -126,9 +108,8 @@ pub struct Engine {
     scratch: Scratch,
     workload: TargetWorkload,
     node_frag: Vec<Option<f64>>,
-    /// Per node, its verdicts for the last [`MEMO_SHAPES`] pod shapes (or GPU asks), the latest
-    /// first.
-    score_memo: Vec<[Option<ScoreMemo>; MEMO_SHAPES]>,
+    /// Per node, its verdicts for the last few pod shapes (or GPU asks).
+    score_memo: VerdictMemo,
     /// What share evaluations read of each node (card briefs, fragmentation terms), kept
     /// while the node does not change.
     terms: NodeTerms,
@@ -211,7 +192,7 @@ impl Engine {
             scratch: Scratch::new(frag, config.seed),
             workload: workload.clone(),
             node_frag: vec![None; n],
-            score_memo: vec![[const { None }; MEMO_SHAPES]; n],
+            score_memo: VerdictMemo::new(n),
             terms,
         }
     }
@@ -233,20 +214,16 @@ impl Engine {
         self.terms.reset(self.scratch.frag.levels(), &self.cluster);
         self.workload = workload.clone();
         self.node_frag.iter_mut().for_each(|f| *f = None);
-        self.score_memo
-            .iter_mut()
-            .for_each(|f| *f = [const { None }; MEMO_SHAPES]);
+        self.score_memo.clear();
     }
 
     /// Tells the engine a node changed outside [`Engine::commit`] / [`Engine::release`].
     pub fn node_changed(&mut self, node: usize) {
         if self.node_frag.len() < self.cluster.nodes.len() {
             self.node_frag.resize(self.cluster.nodes.len(), None);
-            self.score_memo
-                .resize(self.cluster.nodes.len(), [const { None }; MEMO_SHAPES]);
         }
         self.node_frag[node] = None;
-        self.score_memo[node] = [const { None }; MEMO_SHAPES];
+        self.score_memo.forget(node);
         self.terms.forget(node);
     }
 
@@ -282,9 +259,8 @@ impl Engine {
     fn grow_memos(&mut self) {
         if self.node_frag.len() < self.cluster.nodes.len() {
             self.node_frag.resize(self.cluster.nodes.len(), None);
-            self.score_memo
-                .resize(self.cluster.nodes.len(), [const { None }; MEMO_SHAPES]);
         }
+        self.score_memo.grow(self.cluster.nodes.len());
         self.terms.grow(self.cluster.nodes.len());
     }
 
@@ -295,7 +271,7 @@ impl Engine {
             cluster: &self.cluster,
             config: self.config,
             s: &mut self.scratch,
-            node_frag: &mut self.node_frag,
+            node_frag: evaluate::FragMemo::Own(&mut self.node_frag),
             terms: &self.terms,
         }
     }

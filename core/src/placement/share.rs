@@ -264,7 +264,9 @@ impl Evaluator<'_> {
                 };
                 // The node as it is: its remembered fragmentation where the pod's CPU leaves
                 // the same classes able to run (the same sum, to the bit).
-                let before = self.node_frag[n]
+                let before = self
+                    .node_frag
+                    .get(n)
                     .filter(|_| s.frag.cpu_rank(node.cpu_free()) == key.2)
                     .unwrap_or_else(|| s.frag.after_one_change_of(terms, &s.runs, 0, 0));
                 // Cards with the same free compute score the same, and the first of equals is

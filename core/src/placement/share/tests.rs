@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::super::evaluate::{Evaluator, Scratch};
+use super::super::evaluate::{Evaluator, FragMemo, Scratch};
 use super::super::terms::NodeTerms;
 use super::super::*;
 use crate::enforcement::{EnforcementRequirement, ShareEnforcement};
@@ -157,7 +157,7 @@ fn owned_shares_get_the_general_paths_verdicts_exactly() {
                             cluster: &cluster,
                             config,
                             s,
-                            node_frag: nf,
+                            node_frag: FragMemo::Own(nf),
                             terms,
                         };
                         ev.owned_share(n, &pod, &allowed, policies)
@@ -173,7 +173,7 @@ fn owned_shares_get_the_general_paths_verdicts_exactly() {
                     cluster: &cluster,
                     config,
                     s: &mut general,
-                    node_frag: &mut general_frag,
+                    node_frag: FragMemo::Own(&mut general_frag),
                     terms: &none,
                 };
                 let want = ev.general(n, &pod, &allowed, policies);
