@@ -19,7 +19,7 @@ use super::bind::{self, BindError};
 use super::cluster::scale_scores;
 use super::wire::{
     ErrorReply, ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderPreemptionArgs,
-    ExtenderPreemptionResult, FilterReply, HostScore, NodeList,
+    ExtenderPreemptionResult, FilterReply, HostScore, NodeList, host_scores_json,
 };
 
 type Shared = Arc<Service>;
@@ -197,7 +197,10 @@ async fn prioritize(State(svc): State<Shared>, body: Result<Bytes, BytesRejectio
         Err((status, msg)) => error(status, msg),
         Ok(bytes) => match parse::<ExtenderArgs>(&bytes) {
             Err((status, msg)) => error(status, msg),
-            Ok(args) => json(StatusCode::OK, &prioritize_reply(&svc, &args)),
+            Ok(args) => {
+                let body = host_scores_json(&prioritize_reply(&svc, &args));
+                (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+            }
         },
     };
     timed(&svc, "prioritize", start, r)

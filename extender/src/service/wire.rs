@@ -112,6 +112,37 @@ pub struct HostScore<'a> {
     pub score: i64,
 }
 
+/// The prioritize reply's JSON: the bytes `serde_json` writes for `scores`, written directly.
+/// A reply names every node that fits (142 KB at 5,000 nodes) and `serde_json` takes 0.17 ms
+/// over it, most of it checking every byte of every name for escapes.
+pub fn host_scores_json(scores: &[HostScore<'_>]) -> Vec<u8> {
+    const ENTRY: usize = r#"{"Host":"","Score":10},"#.len();
+    let names: usize = scores.iter().map(|h| h.host.len()).sum();
+    let mut out = Vec::with_capacity(2 + names + scores.len() * ENTRY);
+    let mut digits = itoa::Buffer::new();
+    out.push(b'[');
+    for (i, h) in scores.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(br#"{"Host":"#);
+        // Node names are DNS names: nothing to escape, so the check is one pass with no
+        // branch per byte. Any other name goes through serde_json.
+        if h.host.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+            out.push(b'"');
+            out.extend_from_slice(h.host.as_bytes());
+            out.push(b'"');
+        } else {
+            serde_json::to_writer(&mut out, h.host).expect("a string serializes");
+        }
+        out.extend_from_slice(br#","Score":"#);
+        out.extend_from_slice(digits.format(h.score).as_bytes());
+        out.push(b'}');
+    }
+    out.push(b']');
+    out
+}
+
 /// Filter reply (`ExtenderFilterResult`). Every key is always written; `NodeNames` is an
 /// array whenever the request carried names (null would mean "no node fits" in any case).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -270,6 +301,36 @@ mod tests {
         assert!(matches!(names[0].0, Cow::Borrowed("n1")));
         assert!(matches!(&names[1].0, Cow::Owned(n) if n == "n2"));
         assert_eq!(args.candidates(), ["n1", "n2"]);
+    }
+
+    /// The prioritize reply written directly is serde_json's, byte for byte, whatever the
+    /// names (quotes, backslashes, control characters, non-ASCII) and scores.
+    #[test]
+    fn host_scores_are_written_as_serde_json_writes_them() {
+        let names = [
+            "n00001",
+            "",
+            "a\"b",
+            "back\\slash",
+            "tab\there",
+            "nul\u{0}",
+            "del\u{7f}",
+            "é-ü-节点",
+            "\u{1f}x",
+        ];
+        let scores = [0, 10, -1, 7, i64::MAX, i64::MIN, 3, 5, 9];
+        for n in 0..=names.len() {
+            let list: Vec<HostScore> = names[..n]
+                .iter()
+                .zip(scores)
+                .map(|(&host, score)| HostScore { host, score })
+                .collect();
+            assert_eq!(
+                String::from_utf8(host_scores_json(&list)).unwrap(),
+                serde_json::to_string(&list).unwrap(),
+                "{n} entries"
+            );
+        }
     }
 
     /// The scheduler shows reasons through a format string: none carries a `%`.

@@ -164,6 +164,7 @@ impl Cluster {
                 })
                 .collect()
         };
+        out.fits.reserve(verdicts.len());
         for ((i, verdict), name) in verdicts.into_iter().zip(names) {
             match verdict {
                 Ok(score) => out.fits.push((name, score)),
