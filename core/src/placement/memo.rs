@@ -103,3 +103,55 @@ impl VerdictMemo {
         self.slots[n][j] = Some(memo);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memo(score: f64) -> ScoreMemo {
+        ScoreMemo {
+            pod: Arc::new(PodDemand::single(0, 0, None)),
+            cpu_milli: 0,
+            memory_bytes: 0,
+            cpu_rank: None,
+            verdict: Ok(score),
+        }
+    }
+
+    fn score(m: &VerdictMemo, n: usize, key: u64) -> Option<f64> {
+        m.get(n, key).map(|m| *m.verdict.as_ref().expect("a score"))
+    }
+
+    /// A new shape goes over the one first stored longest ago; a shape stored again keeps its
+    /// slot and takes the new verdict; nodes and forgetting are each node's own.
+    #[test]
+    fn a_node_keeps_its_last_shapes_and_forgets_them_when_it_changes() {
+        let mut m = VerdictMemo::new(2);
+        for k in 1..=MEMO_SHAPES as u64 {
+            m.put(0, k, memo(k as f64));
+        }
+        m.put(0, 2, memo(20.0));
+        m.put(0, 9, memo(9.0));
+        assert_eq!(score(&m, 0, 1), None, "the oldest went");
+        assert_eq!(score(&m, 0, 2), Some(20.0));
+        assert_eq!(score(&m, 0, 9), Some(9.0));
+        for k in 3..=MEMO_SHAPES as u64 {
+            assert_eq!(score(&m, 0, k), Some(k as f64));
+        }
+        // Shape 2 kept its slot, the next oldest: it goes next, and no slot holds it twice.
+        m.put(0, 10, memo(10.0));
+        assert_eq!(score(&m, 0, 2), None);
+        assert_eq!(score(&m, 0, 3), Some(3.0));
+        assert_eq!(score(&m, 1, 2), None, "another node's");
+        m.put(1, 2, memo(7.0));
+        m.forget(0);
+        assert_eq!(score(&m, 0, 2), None);
+        assert_eq!(score(&m, 1, 2), Some(7.0));
+        m.put(5, 3, memo(3.0));
+        assert_eq!(score(&m, 5, 3), Some(3.0), "a new node makes room");
+        m.clear();
+        assert_eq!(score(&m, 1, 2), None);
+        assert_eq!(key(&PodDemand::single(0, 0, None)), key(&PodDemand::single(0, 0, None)));
+        assert_ne!(key(&PodDemand::single(0, 0, None)), EMPTY);
+    }
+}
