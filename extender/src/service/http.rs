@@ -25,7 +25,11 @@ use super::wire::{
 type Shared = Arc<Service>;
 
 fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
-    let bytes = serde_json::to_vec(body).expect("replies serialize");
+    json_bytes(status, serde_json::to_vec(body).expect("replies serialize"))
+}
+
+/// A reply of JSON already written.
+fn json_bytes(status: StatusCode, bytes: Vec<u8>) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
 }
 
@@ -197,10 +201,7 @@ async fn prioritize(State(svc): State<Shared>, body: Result<Bytes, BytesRejectio
         Err((status, msg)) => error(status, msg),
         Ok(bytes) => match parse::<ExtenderArgs>(&bytes) {
             Err((status, msg)) => error(status, msg),
-            Ok(args) => {
-                let body = host_scores_json(&prioritize_reply(&svc, &args));
-                (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-            }
+            Ok(args) => json_bytes(StatusCode::OK, host_scores_json(&prioritize_reply(&svc, &args))),
         },
     };
     timed(&svc, "prioritize", start, r)
