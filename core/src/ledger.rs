@@ -150,8 +150,7 @@ impl Ledger {
     /// The position of each of `names` in the engine (`None`: not a live node). The last lists
     /// asked about are remembered while no node comes or goes.
     pub fn resolve_names(&mut self, names: &[&str]) -> std::sync::Arc<[Option<usize>]> {
-        let live = &self.live;
-        self.resolved.resolve(names, |n| live.get(n).copied())
+        self.resolved.resolve(names, &self.live)
     }
 
     /// Number of known nodes.

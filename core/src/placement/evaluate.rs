@@ -476,7 +476,7 @@ fn prefetch_node(cluster: &ClusterState, terms: &NodeTerms, n: usize, briefs: bo
 /// Asks the CPU to bring `items` into its cache (a hint; nothing where there is no such
 /// instruction).
 #[inline]
-pub(super) fn prefetch<T>(items: &[T]) {
+pub(crate) fn prefetch<T>(items: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};

@@ -21,6 +21,7 @@ use std::fmt;
 
 pub use demand::{CardDemand, ContainerDemand, PodDemand};
 pub use evaluate::Verdict;
+pub(crate) use evaluate::prefetch;
 pub use fit::{
     CardAssign, CardUsage, ContainerPlacement, NodePlan, PodUsage, ShareChooser, check_node_resources,
     commit as commit_usage, plan_node, release as release_usage,
