@@ -132,6 +132,11 @@ impl Ledger {
         &mut self.engine
     }
 
+    /// Changes to the nodes and the workload so far ([`Engine::changes`]).
+    pub fn changes(&self) -> u64 {
+        self.engine.changes()
+    }
+
     /// The cluster as the engine sees it.
     pub fn cluster(&self) -> &ClusterState {
         &self.engine.cluster

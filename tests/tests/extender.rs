@@ -1761,3 +1761,51 @@ async fn the_extender_signs_with_a_rotated_key_without_a_restart() -> anyhow::Re
     );
     Ok(())
 }
+
+/// Prioritize right after filter sends the scores the filter worked out (the same as worked
+/// out afresh), but only while nothing they came from has changed: cards taken in between
+/// are seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prioritize_after_filter_sees_what_changed_in_between() -> anyhow::Result<()> {
+    let (api, mut r) = cluster(&[("h1", "h100x8"), ("h2", "h100x8"), ("h3", "h100x8")]).await?;
+    let nodes = ["h1", "h2", "h3"];
+    // Nodes loaded differently, so that their scores differ.
+    let load = api.create_pod(&pod("load", &[("main", &[("tessera.io/gpu-core", "300")])]))?;
+    assert_eq!(bind(&mut r.http, &load, "h3").await?, "");
+    let half = api.create_pod(&share_pod("half", 50, 8))?;
+    assert_eq!(bind(&mut r.http, &half, "h2").await?, "");
+    let p = api.create_pod(&share_pod("p", 40, 8))?;
+    let twin = api.create_pod(&share_pod("twin", 40, 8))?;
+    let scores = |v: Value| -> Vec<(String, i64)> {
+        v.as_array()
+            .expect("an array")
+            .iter()
+            .map(|s| (s["Host"].as_str().unwrap().to_string(), s["Score"].as_i64().unwrap()))
+            .collect()
+    };
+
+    let (_, f) = r.http.post_json(&path("filter"), &args(&p, &nodes)).await?;
+    assert_eq!(f["NodeNames"], json!(nodes), "{f}");
+    let (_, kept) = r.http.post_json(&path("prioritize"), &args(&p, &nodes)).await?;
+    // The same shape asked about by a pod no filter kept anything for: worked out afresh.
+    let (_, fresh) = r.http.post_json(&path("prioritize"), &args(&twin, &nodes)).await?;
+    assert_eq!(scores(kept.clone()), scores(fresh), "{kept}");
+    let distinct: std::collections::BTreeSet<i64> = scores(kept.clone()).iter().map(|s| s.1).collect();
+    assert!(distinct.len() > 1, "{kept}");
+
+    // The scheduler filters, then every card of h1 is taken before it asks prioritize.
+    let (_, f) = r.http.post_json(&path("filter"), &args(&p, &nodes)).await?;
+    assert_eq!(f["NodeNames"], json!(nodes), "{f}");
+    let all = api.create_pod(&pod("all", &[("main", &[("tessera.io/gpu-core", "800")])]))?;
+    assert_eq!(bind(&mut r.http, &all, "h1").await?, "");
+    let (_, after) = r.http.post_json(&path("prioritize"), &args(&p, &nodes)).await?;
+    let after = scores(after);
+    assert_eq!(
+        after.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(),
+        ["h2", "h3"],
+        "h1 has no card left: {after:?}"
+    );
+    let (_, fresh) = r.http.post_json(&path("prioritize"), &args(&twin, &nodes)).await?;
+    assert_eq!(after, scores(fresh));
+    Ok(())
+}

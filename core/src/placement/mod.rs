@@ -114,6 +114,8 @@ pub struct Engine {
     /// What share evaluations read of each node (card briefs, fragmentation terms), kept
     /// while the node does not change.
     terms: NodeTerms,
+    /// Changes told to the engine (nodes, workload): see [`Engine::changes`].
+    changes: u64,
 }
 
 /// A share chooser for the general (multi-container) path.
@@ -195,6 +197,7 @@ impl Engine {
             node_frag: vec![None; n],
             score_memo: VerdictMemo::new(n),
             terms,
+            changes: 0,
         }
     }
 
@@ -216,6 +219,20 @@ impl Engine {
         self.workload = workload.clone();
         self.node_frag.iter_mut().for_each(|f| *f = None);
         self.score_memo.clear();
+        self.changes += 1;
+    }
+
+    /// How many changes the engine has been told of (a node, the workload; each forgets
+    /// remembered verdicts). While it stays the same, a pod whose verdicts the engine
+    /// [remembers](Engine::remembers) gets the same verdicts again.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// Whether the engine remembers `pod`'s verdicts: its policies are deterministic.
+    pub fn remembers(&self, pod: &PodDemand) -> bool {
+        let (node_policy, gpu_policy) = evaluate::policies(&self.config, pod);
+        node_policy != PolicyKind::Random && gpu_policy != PolicyKind::Random
     }
 
     /// Tells the engine a node changed outside [`Engine::commit`] / [`Engine::release`].
@@ -226,6 +243,7 @@ impl Engine {
         self.node_frag[node] = None;
         self.score_memo.forget(node);
         self.terms.forget(node);
+        self.changes += 1;
     }
 
     /// Fragmentation of one node now, milli-GPU.

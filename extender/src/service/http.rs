@@ -17,19 +17,20 @@ use serde::{Deserialize, Serialize};
 use super::Service;
 use super::bind::{self, BindError};
 use super::cluster::scale_scores;
+use super::scores::Kept;
 use super::wire::{
     ErrorReply, ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderPreemptionArgs,
-    ExtenderPreemptionResult, FilterReply, HostScore, NodeList, host_scores_json,
+    ExtenderPreemptionResult, FilterReply, NodeList, host_scores_json,
 };
 
 type Shared = Arc<Service>;
 
 fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
-    json_bytes(status, serde_json::to_vec(body).expect("replies serialize"))
+    json_bytes(status, serde_json::to_vec(body).expect("replies serialize").into())
 }
 
 /// A reply of JSON already written.
-fn json_bytes(status: StatusCode, bytes: Vec<u8>) -> Response {
+fn json_bytes(status: StatusCode, bytes: Bytes) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
 }
 
@@ -130,10 +131,12 @@ fn timed(svc: &Service, verb: &'static str, start: Instant, r: Response) -> Resp
     r
 }
 
-/// The filter verdict, in the shape the request came in.
-pub fn filter_reply<'a>(svc: &Service, args: &'a ExtenderArgs<'_>) -> FilterReply<'a> {
+/// The filter verdict, in the shape the request came in, and the scores kept for the
+/// prioritize after it where they stand until the cluster changes.
+pub fn filter_reply<'a>(svc: &Service, args: &'a ExtenderArgs<'_>) -> (FilterReply<'a>, Option<Arc<Kept>>) {
     let candidates = args.candidates();
     let mut reply = FilterReply::default();
+    let mut kept = None;
     let fitting: Vec<&str> = match svc.cluster.ask(&args.pod) {
         Err(e) => {
             // Never schedulable as written: say why on every node.
@@ -145,10 +148,14 @@ pub fn filter_reply<'a>(svc: &Service, args: &'a ExtenderArgs<'_>) -> FilterRepl
         Ok(ask) if !ask.demand.wants_cards() => candidates,
         Ok(_) if !svc.cluster.synced() => {
             reply.error = "the Tessera extender is still reading the cluster".into();
-            return reply;
+            return (reply, None);
         }
         Ok(ask) => {
             let out = svc.cluster.filter(&ask, &candidates);
+            kept = svc
+                .cluster
+                .verdicts_keep(&ask)
+                .then(|| Arc::new(Kept::new(&ask, out.stamp, &out.fits)));
             reply.failed_nodes = out.failed;
             reply.failed_and_unresolvable_nodes = out.unresolvable;
             out.fits.into_iter().map(|(n, _)| n).collect()
@@ -169,7 +176,7 @@ pub fn filter_reply<'a>(svc: &Service, args: &'a ExtenderArgs<'_>) -> FilterRepl
         }
         _ => reply.node_names = Some(fitting),
     }
-    reply
+    (reply, kept)
 }
 
 async fn filter(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -178,21 +185,37 @@ async fn filter(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) 
         Err((status, msg)) => error(status, msg),
         Ok(bytes) => match parse::<ExtenderArgs>(&bytes) {
             Err((status, msg)) => error(status, msg),
-            Ok(args) => json(StatusCode::OK, &filter_reply(&svc, &args)),
+            Ok(args) => {
+                let (reply, kept) = filter_reply(&svc, &args);
+                let r = json(StatusCode::OK, &reply);
+                if let Some(kept) = kept {
+                    svc.handoff.keep(kept.clone());
+                    // Written while the scheduler reads the filter's answer.
+                    tokio::spawn(async move {
+                        kept.reply();
+                    });
+                }
+                r
+            }
         },
     };
     timed(&svc, "filter", start, r)
 }
 
-/// The prioritize scores (0..=10) of the nodes that fit.
-pub fn prioritize_reply<'a>(svc: &Service, args: &'a ExtenderArgs<'_>) -> Vec<HostScore<'a>> {
+/// The prioritize scores (0..=10) of the nodes that fit, as JSON: the ones the filter of the
+/// pod kept for these nodes where nothing has changed since, else worked out now.
+pub fn prioritize_reply(svc: &Service, args: &ExtenderArgs<'_>) -> Bytes {
     let ask = match svc.cluster.ask(&args.pod) {
         Ok(a) if a.demand.wants_cards() && svc.cluster.synced() => a,
         // Not ours, invalid or not ready: no opinion.
-        _ => return Vec::new(),
+        _ => return host_scores_json(&[]).into(),
     };
-    let out = svc.cluster.filter(&ask, &args.candidates());
-    scale_scores(&out.fits)
+    let candidates = args.candidates();
+    if let Some(kept) = svc.handoff.reply(&ask, &candidates, svc.cluster.stamp()) {
+        return kept;
+    }
+    let out = svc.cluster.filter(&ask, &candidates);
+    host_scores_json(&scale_scores(&out.fits)).into()
 }
 
 async fn prioritize(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -201,7 +224,7 @@ async fn prioritize(State(svc): State<Shared>, body: Result<Bytes, BytesRejectio
         Err((status, msg)) => error(status, msg),
         Ok(bytes) => match parse::<ExtenderArgs>(&bytes) {
             Err((status, msg)) => error(status, msg),
-            Ok(args) => json_bytes(StatusCode::OK, host_scores_json(&prioritize_reply(&svc, &args))),
+            Ok(args) => json_bytes(StatusCode::OK, prioritize_reply(&svc, &args)),
         },
     };
     timed(&svc, "prioritize", start, r)

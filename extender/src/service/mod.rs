@@ -10,6 +10,7 @@ pub mod keys;
 pub mod leader;
 pub mod metrics;
 pub mod podview;
+pub mod scores;
 pub mod tenants;
 pub mod tls;
 pub mod verb_certs;
@@ -43,6 +44,8 @@ pub struct Service {
     pub metrics: Metrics,
     /// Events on pods (bound, bind failed).
     pub events: events::Recorder,
+    /// The last filters' scores, for the prioritize calls that follow them.
+    pub handoff: scores::Handoff,
 }
 
 impl Service {
@@ -248,6 +251,7 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
         leading: leading_rx,
         metrics: Metrics::default(),
         events: events::Recorder::default(),
+        handoff: scores::Handoff::default(),
     });
     let acceptor = verb_acceptor(&service.client, cfg.tls.as_ref(), &mut tasks).await?;
     let verified_only = acceptor.as_ref().is_some_and(|(_, v)| *v);

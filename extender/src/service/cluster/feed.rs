@@ -137,19 +137,9 @@ impl Cluster {
             return;
         };
         let (cap, not_ready) = node_capacity(node);
-        {
-            let mut nr = self.not_ready.lock().unwrap_or_else(|p| p.into_inner());
-            match not_ready {
-                Some(reason) => {
-                    if nr.get(name) != Some(&reason) {
-                        warn!(node = name, reason, "no GPU pods go to the node");
-                    }
-                    nr.insert(name.to_string(), reason);
-                }
-                None => {
-                    nr.remove(name);
-                }
-            }
+        let changed = self.not_ready().set(name, not_ready.clone());
+        if changed && let Some(reason) = &not_ready {
+            warn!(node = name, reason, "no GPU pods go to the node");
         }
         for (uid, e) in self.ledger().set_node(name, cap) {
             warn!(node = name, pod_uid = uid, error = %e, "a booked allocation no longer matches the node");
@@ -159,7 +149,7 @@ impl Cluster {
     /// A node was deleted.
     pub fn node_deleted(&self, name: &str) {
         self.ledger().remove_node(name);
-        self.not_ready.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
+        self.not_ready().set(name, None);
     }
 
     /// A full node list was read: nodes not in it are gone.
@@ -169,10 +159,7 @@ impl Cluster {
         for n in known.iter().filter(|n| !names.contains(*n)) {
             l.remove_node(n);
         }
-        self.not_ready
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|n, _| names.contains(n));
+        self.not_ready().retain(|n| names.contains(n));
         self.nodes_synced.store(true, Ordering::Release);
     }
 

@@ -65,9 +65,51 @@ pub enum AskError {
     Claims(#[from] PodClaimError),
 }
 
+/// What a filter's verdicts were worked out from: while it is the same, the same pod on the
+/// same nodes gets the same verdicts (for a pod the engine remembers, without claims).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stamp {
+    /// The engine's changes ([`Ledger::changes`]).
+    ledger: u64,
+    /// Changes to the nodes that offer GPU pods nothing.
+    not_ready: u64,
+}
+
+/// Nodes that offer pods none of their GPUs, with why, and how often that changed.
+#[derive(Debug, Default)]
+struct NotReady {
+    reasons: BTreeMap<String, String>,
+    changes: u64,
+}
+
+impl NotReady {
+    /// Records why `node` offers nothing (`None`: it offers its GPUs); true when that is new.
+    fn set(&mut self, node: &str, reason: Option<String>) -> bool {
+        let changed = match reason {
+            Some(r) if self.reasons.get(node) == Some(&r) => false,
+            Some(r) => {
+                self.reasons.insert(node.to_string(), r);
+                true
+            }
+            None => self.reasons.remove(node).is_some(),
+        };
+        self.changes += u64::from(changed);
+        changed
+    }
+
+    /// Keeps the nodes `keep` says to.
+    fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        let before = self.reasons.len();
+        self.reasons.retain(|n, _| keep(n));
+        self.changes += u64::from(self.reasons.len() != before);
+    }
+}
+
 /// The filter verdict for one pod, naming nodes as the candidates did.
 #[derive(Debug, Default)]
 pub struct FilterOutcome<'a> {
+    /// What the verdicts were worked out from.
+    pub stamp: Stamp,
     /// Nodes that fit, with the engine's score.
     pub fits: Vec<(&'a str, f64)>,
     /// Nodes that do not fit now, with why.
@@ -93,7 +135,7 @@ pub struct Cluster {
     opts: RequestOptions,
     /// Nodes that offer pods none of their GPUs (a driver not ready, GPUs given to DRA), with
     /// why.
-    not_ready: Mutex<BTreeMap<String, String>>,
+    not_ready: Mutex<NotReady>,
     nodes_synced: AtomicBool,
     pods_synced: AtomicBool,
     /// Claims' GPUs and users (lock order: ledger, then claims).
@@ -117,7 +159,7 @@ impl Cluster {
             keys: std::sync::RwLock::new(Arc::new(keys)),
             keys_dir: None,
             opts,
-            not_ready: Mutex::new(BTreeMap::new()),
+            not_ready: Mutex::new(NotReady::default()),
             nodes_synced: AtomicBool::new(false),
             pods_synced: AtomicBool::new(false),
             claims: Mutex::new(ClaimHolds::with_tenants(
@@ -161,6 +203,26 @@ impl Cluster {
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
         self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn not_ready(&self) -> std::sync::MutexGuard<'_, NotReady> {
+        self.not_ready.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What a filter now would work its verdicts out from.
+    pub fn stamp(&self) -> Stamp {
+        let not_ready = self.not_ready().changes;
+        Stamp {
+            ledger: self.ledger().changes(),
+            not_ready,
+        }
+    }
+
+    /// Whether a filter's verdicts for `ask` stand while the [`Stamp`] does: the engine
+    /// remembers its verdicts and it names no claim (claims' holds change apart from the
+    /// ledger).
+    pub fn verdicts_keep(&self, ask: &PodAsk) -> bool {
+        ask.claims.is_empty() && self.ledger().engine().remembers(&ask.demand)
     }
 
     /// Reads the signing keys again from `dir` (a mounted Secret) whenever it changes: a key

@@ -99,8 +99,15 @@ impl Cluster {
     /// Filters and scores `candidates` for `ask`.
     pub fn filter<'a>(&self, ask: &PodAsk, candidates: &[&'a str]) -> FilterOutcome<'a> {
         let mut out = FilterOutcome::default();
-        let not_ready = self.not_ready.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let (not_ready, not_ready_changes) = {
+            let nr = self.not_ready();
+            (nr.reasons.clone(), nr.changes)
+        };
         let mut l = self.ledger();
+        out.stamp = super::Stamp {
+            ledger: l.changes(),
+            not_ready: not_ready_changes,
+        };
         // A pod whose claims hold GPUs goes where they are, planning only the rest.
         let mut planned = None;
         let mut only = None;
