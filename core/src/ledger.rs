@@ -12,6 +12,8 @@
 mod names;
 mod plain;
 
+pub use names::NameList;
+
 use std::collections::{BTreeSet, HashMap};
 
 use rustc_hash::FxHashMap;

@@ -15,12 +15,45 @@ const KEEP: usize = 2;
 /// Node positions, in the order of a candidate list.
 pub type Positions = Arc<[Option<usize>]>;
 
+/// Names in one buffer, each after its length (so that two different lists never read the
+/// same): a candidate list kept without a `String` per name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NameList(Vec<u8>);
+
+impl NameList {
+    /// The list of `names`, in order.
+    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut buf = Vec::new();
+        for n in names {
+            buf.extend_from_slice(&(n.len() as u32).to_le_bytes());
+            buf.extend_from_slice(n.as_bytes());
+        }
+        Self(buf)
+    }
+
+    /// The names, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        let mut buf = self.0.as_slice();
+        std::iter::from_fn(move || {
+            let (len, rest) = buf.split_first_chunk::<4>()?;
+            let (name, rest) = rest.split_at(u32::from_le_bytes(*len) as usize);
+            buf = rest;
+            Some(std::str::from_utf8(name).expect("written from a str"))
+        })
+    }
+
+    /// Whether the list is exactly `names`, in order.
+    pub fn is(&self, names: &[&str]) -> bool {
+        let mut mine = self.iter();
+        names.iter().all(|n| mine.next() == Some(*n)) && mine.next().is_none()
+    }
+}
+
 /// The positions of recent candidate lists, valid while no node comes or goes.
 #[derive(Debug, Clone, Default)]
 pub struct ResolvedLists {
-    /// Each list's names (length-prefixed, so that different lists never read the same) and
-    /// their positions; most recent first.
-    lists: VecDeque<(Vec<u8>, Positions)>,
+    /// Each list's names and their positions; most recent first.
+    lists: VecDeque<(NameList, Positions)>,
     /// The live names, laid out for lookups; `None` until a list needs it after a change.
     index: Option<NameIndex>,
 }
@@ -34,19 +67,15 @@ impl ResolvedLists {
 
     /// The position of each of `names` among the `live` ones (`None`: not live).
     pub fn resolve(&mut self, names: &[&str], live: &FxHashMap<String, usize>) -> Positions {
-        let mut key = Vec::with_capacity(names.iter().map(|n| n.len() + 4).sum());
-        for n in names {
-            key.extend_from_slice(&(n.len() as u32).to_le_bytes());
-            key.extend_from_slice(n.as_bytes());
-        }
-        if let Some(i) = self.lists.iter().position(|(k, _)| *k == key) {
+        if let Some(i) = self.lists.iter().position(|(k, _)| k.is(names)) {
             let hit = self.lists.remove(i).expect("found");
             let positions = hit.1.clone();
             self.lists.push_front(hit);
             return positions;
         }
         let positions = self.index.get_or_insert_with(|| NameIndex::new(live)).positions(names);
-        self.lists.push_front((key, positions.clone()));
+        self.lists
+            .push_front((NameList::new(names.iter().copied()), positions.clone()));
         self.lists.truncate(KEEP);
         positions
     }
@@ -172,6 +201,19 @@ mod tests {
         map.insert("n1".into(), 9);
         r.invalidate();
         assert_eq!(&*r.resolve(&["n1", "n2", "x"], &map), &[Some(9), Some(2), Some(7)]);
+    }
+
+    #[test]
+    fn name_lists_read_back_as_written_and_compare_whole() {
+        let names = ["n1", "", "nødé-2", "n1"];
+        let list = NameList::new(names);
+        assert_eq!(list.iter().collect::<Vec<_>>(), names);
+        assert!(list.is(&names));
+        assert!(!list.is(&names[..3]), "a prefix is another list");
+        assert!(!list.is(&["n1", "", "nødé-2", "n1", "n1"]));
+        assert!(!list.is(&["n1", "", "nødé-", "2n1"]));
+        assert!(NameList::new([]).is(&[]));
+        assert_eq!(NameList::new([]).iter().count(), 0);
     }
 
     /// The index answers as the map does, for every live name and for names that are not live
