@@ -152,10 +152,7 @@ pub fn filter_reply<'a>(svc: &Service, args: &'a ExtenderArgs<'_>) -> (FilterRep
         }
         Ok(ask) => {
             let out = svc.cluster.filter(&ask, &candidates);
-            kept = svc
-                .cluster
-                .verdicts_keep(&ask)
-                .then(|| Arc::new(Kept::new(&ask, out.stamp, &out.fits)));
+            kept = out.stamp.map(|stamp| Arc::new(Kept::new(&ask, stamp, &out.fits)));
             reply.failed_nodes = out.failed;
             reply.failed_and_unresolvable_nodes = out.unresolvable;
             out.fits.into_iter().map(|(n, _)| n).collect()

@@ -108,8 +108,10 @@ impl NotReady {
 /// The filter verdict for one pod, naming nodes as the candidates did.
 #[derive(Debug, Default)]
 pub struct FilterOutcome<'a> {
-    /// What the verdicts were worked out from.
-    pub stamp: Stamp,
+    /// What the verdicts were worked out from, where they stand while it does: the engine
+    /// remembers the pod's verdicts and the pod names no claim (claims' holds change apart
+    /// from the ledger).
+    pub stamp: Option<Stamp>,
     /// Nodes that fit, with the engine's score.
     pub fits: Vec<(&'a str, f64)>,
     /// Nodes that do not fit now, with why.
@@ -216,13 +218,6 @@ impl Cluster {
             ledger: self.ledger().changes(),
             not_ready,
         }
-    }
-
-    /// Whether a filter's verdicts for `ask` stand while the [`Stamp`] does: the engine
-    /// remembers its verdicts and it names no claim (claims' holds change apart from the
-    /// ledger).
-    pub fn verdicts_keep(&self, ask: &PodAsk) -> bool {
-        ask.claims.is_empty() && self.ledger().engine().remembers(&ask.demand)
     }
 
     /// Reads the signing keys again from `dir` (a mounted Secret) whenever it changes: a key

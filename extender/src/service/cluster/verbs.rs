@@ -104,10 +104,10 @@ impl Cluster {
             (nr.reasons.clone(), nr.changes)
         };
         let mut l = self.ledger();
-        out.stamp = super::Stamp {
+        out.stamp = (ask.claims.is_empty() && l.engine().remembers(&ask.demand)).then(|| super::Stamp {
             ledger: l.changes(),
             not_ready: not_ready_changes,
-        };
+        });
         // A pod whose claims hold GPUs goes where they are, planning only the rest.
         let mut planned = None;
         let mut only = None;
