@@ -26,10 +26,22 @@ const PARALLEL_BLOCK: (usize, usize) = (16, 256);
 /// At most this many threads evaluate one request.
 const MAX_THREADS: usize = 8;
 
+/// What an evaluation of many nodes found that the memos are yet to take
+/// ([`Engine::settle`]).
+#[derive(Debug, Clone)]
+pub(super) struct Unsettled {
+    /// The pod as the memo keeps it (the pod or its GPU ask), its CPU and memory; `None`
+    /// where its verdicts are not remembered (random policies).
+    memo: Option<(Arc<PodDemand>, u64, u64)>,
+    /// The nodes evaluated, and what each gave.
+    nodes: Vec<usize>,
+    done: Vec<Option<Evaluated>>,
+}
+
 /// What evaluating one node gives: its verdict, the number of class CPU thresholds the node's
 /// CPU left meets where the verdict is its cards' for the pod's GPU ask (see [`card_tier`]),
 /// and the node's fragmentation now where the evaluation worked it out.
-type Evaluated = (Verdict, Option<usize>, Option<f64>);
+pub(super) type Evaluated = (Verdict, Option<usize>, Option<f64>);
 
 /// The nodes' remembered fragmentation as an evaluation reads and writes it.
 pub(super) enum FragMemo<'a> {
@@ -628,7 +640,8 @@ impl Engine {
         } else {
             1
         };
-        let mut done: Vec<Option<Evaluated>> = Vec::new();
+        // The last evaluation's buffer, settled: a new one of this size is fresh pages each time.
+        let mut done = std::mem::take(&mut self.spare);
         done.resize_with(misses.len(), || None);
         let (cluster, allowed, misses) = (&self.cluster, &allowed, &misses);
         // The `k`th miss's evaluation, with what the memo keeps of it, worked out while the
@@ -706,7 +719,22 @@ impl Engine {
                 None => work(),
             }
         }
-        self.keep(pod, tier, deterministic, (nodes, misses), done, &mut out);
+        for (&i, done) in misses.iter().zip(&done) {
+            out[i] = done.as_ref().map(|d| d.0.clone());
+        }
+        if !misses.is_empty() {
+            self.unsettled = Some(Unsettled {
+                memo: deterministic.then(|| {
+                    (
+                        Arc::new(tier.unwrap_or_else(|| pod.clone())),
+                        pod.cpu_milli,
+                        pod.memory_bytes,
+                    )
+                }),
+                nodes: misses.iter().map(|&i| nodes[i]).collect(),
+                done,
+            });
+        }
         nodes
             .iter()
             .zip(out)
@@ -714,42 +742,46 @@ impl Engine {
             .collect()
     }
 
-    /// Writes back what evaluating `misses` (positions in `nodes`) gave: their verdicts into
-    /// `out`, the nodes' fragmentation worked out on other threads, and the verdicts into the
-    /// memo when the policies are deterministic (for `tier`, the GPU ask, where the verdict is
-    /// the cards').
-    fn keep(
-        &mut self,
-        pod: &PodDemand,
-        tier: Option<PodDemand>,
-        deterministic: bool,
-        (nodes, misses): (&[usize], &[usize]),
-        done: Vec<Option<Evaluated>>,
-        out: &mut [Option<Verdict>],
-    ) {
-        let shared = (deterministic && !misses.is_empty()).then(|| Arc::new(tier.unwrap_or_else(|| pod.clone())));
-        let key = shared.as_deref().map(memo::key);
-        for (&i, done) in misses.iter().zip(done) {
+    /// Writes what the last evaluation of many nodes found into the memos, where it has not
+    /// yet: the nodes' fragmentation worked out on other threads, and the verdicts when the
+    /// policies are deterministic (for the pod's GPU ask where the verdict is the cards').
+    ///
+    /// [`Engine::evaluate_nodes`] answers before it remembers (a store on every node of a
+    /// shape new to them took a sixth of a 5,000-node filter, on the calling thread alone):
+    /// a caller that has its answer to give, the extender, gives it and then calls this; any
+    /// other use of the engine calls it first, so what is remembered is what it would have
+    /// been.
+    pub fn settle(&mut self) {
+        let Some(u) = self.unsettled.take() else {
+            return;
+        };
+        let key = u.memo.as_ref().map(|(shared, ..)| memo::key(shared));
+        let mut done = u.done;
+        for (&n, done) in u.nodes.iter().zip(done.drain(..)) {
             let (verdict, cpu_rank, frag) = done.expect("every node without a verdict was evaluated");
-            let n = nodes[i];
             if frag.is_some() {
                 self.node_frag[n] = frag;
             }
-            if let (Some(shared), Some(key)) = (&shared, key) {
+            if let (Some((shared, cpu_milli, memory_bytes)), Some(key)) = (&u.memo, key) {
                 self.score_memo.put(
                     n,
                     key,
                     ScoreMemo {
                         pod: shared.clone(),
-                        cpu_milli: pod.cpu_milli,
-                        memory_bytes: pod.memory_bytes,
+                        cpu_milli: *cpu_milli,
+                        memory_bytes: *memory_bytes,
                         cpu_rank,
-                        verdict: verdict.clone(),
+                        verdict,
                     },
                 );
             }
-            out[i] = Some(verdict);
         }
+        self.spare = done;
+    }
+
+    /// Whether an evaluation left something for [`Engine::settle`] to remember.
+    pub fn unsettled(&self) -> bool {
+        self.unsettled.is_some()
     }
 }
 

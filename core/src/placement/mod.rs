@@ -34,7 +34,7 @@ pub use state::{CARD_MILLI, CardState, ClusterState, MigSlot, NodeState, ShareOw
 
 use crate::enforcement::ShareEnforcement;
 use crate::policy::PolicyKind;
-use evaluate::{Evaluator, Scratch};
+use evaluate::{Evaluator, Scratch, Unsettled};
 use frag::LevelTerms;
 use memo::{ScoreMemo, VerdictMemo};
 use terms::NodeTerms;
@@ -116,6 +116,10 @@ pub struct Engine {
     terms: NodeTerms,
     /// Changes told to the engine (nodes, workload): see [`Engine::changes`].
     changes: u64,
+    /// What the last evaluation found that the memos are yet to take ([`Engine::settle`]).
+    unsettled: Option<Unsettled>,
+    /// [`Unsettled::done`]'s buffer once settled, for the next evaluation.
+    spare: Vec<Option<evaluate::Evaluated>>,
 }
 
 /// A share chooser for the general (multi-container) path.
@@ -198,6 +202,8 @@ impl Engine {
             score_memo: VerdictMemo::new(n),
             terms,
             changes: 0,
+            unsettled: None,
+            spare: Vec::new(),
         }
     }
 
@@ -219,6 +225,7 @@ impl Engine {
         self.workload = workload.clone();
         self.node_frag.iter_mut().for_each(|f| *f = None);
         self.score_memo.clear();
+        self.unsettled = None;
         self.changes += 1;
     }
 
@@ -237,6 +244,7 @@ impl Engine {
 
     /// Tells the engine a node changed outside [`Engine::commit`] / [`Engine::release`].
     pub fn node_changed(&mut self, node: usize) {
+        self.settle();
         if self.node_frag.len() < self.cluster.nodes.len() {
             self.node_frag.resize(self.cluster.nodes.len(), None);
         }
@@ -274,8 +282,10 @@ impl Engine {
         self.evaluate(n, pod, allowed).map(|(s, _)| s)
     }
 
-    /// Makes room in the per-node memos for every node.
+    /// Makes room in the per-node memos for every node, once they hold what the last
+    /// evaluation found.
     fn grow_memos(&mut self) {
+        self.settle();
         if self.node_frag.len() < self.cluster.nodes.len() {
             self.node_frag.resize(self.cluster.nodes.len(), None);
         }

@@ -296,6 +296,32 @@ fn evaluate_nodes_reports_each_node() {
     assert!(e.plan_on(0, &whole(1000, 4)).is_err());
 }
 
+/// An evaluation answers before the engine remembers its verdicts (the extender settles once
+/// its answer is out); whatever uses the engine next settles first, so a node that changes in
+/// between is not remembered as it was.
+#[test]
+fn verdicts_are_remembered_after_the_answer_and_before_a_change() {
+    let mut e = engine(PolicyKind::Fgd, &["h100x8", "h100x8", "t4x2"]);
+    let pod = share(1000, 500, Some(4 << 10));
+    let nodes = [0, 1, 2];
+    let first = e.evaluate_nodes(&pod, &nodes);
+    assert!(first.iter().all(|(_, v)| v.is_ok()), "{first:?}");
+    assert!(e.unsettled(), "answered before remembering");
+    // Every card of node 0 is taken behind the engine's back, and it is told.
+    for c in &mut e.cluster.nodes[0].cards {
+        c.core_used = CARD_MILLI;
+    }
+    e.node_changed(0);
+    let second = e.evaluate_nodes(&pod, &nodes);
+    assert!(second[0].1.is_err(), "node 0 was remembered as it was: {:?}", second[0]);
+    assert_eq!(second[1..], first[1..]);
+    // Settled, the same ask is answered from what was remembered alone.
+    e.settle();
+    assert!(!e.unsettled());
+    assert_eq!(e.evaluate_nodes(&pod, &nodes), second);
+    assert!(!e.unsettled(), "every verdict was remembered");
+}
+
 fn arb_pod() -> impl Strategy<Value = PodDemand> {
     let cards = prop_oneof![
         3 => (1u32..=1000, proptest::option::of(256u64..40_000)).prop_map(|(m, mem)| Some(CardDemand::Share { core_milli: m, memory_mib: mem })),

@@ -131,12 +131,40 @@ fn timed(svc: &Service, verb: &'static str, start: Instant, r: Response) -> Resp
     r
 }
 
-/// The filter verdict, in the shape the request came in, and the scores kept for the
-/// prioritize after it where they stand until the cluster changes.
-pub fn filter_reply<'a>(svc: &Service, args: &'a ExtenderArgs<'_>) -> (FilterReply<'a>, Option<Arc<Kept>>) {
+/// What a verb leaves to do once its answer is out: the prioritize reply of the scores a
+/// filter kept, and the engine's memos.
+#[derive(Default)]
+pub struct Afterwards {
+    kept: Option<Arc<Kept>>,
+    settle: bool,
+}
+
+impl Afterwards {
+    /// Does it on a task of its own, where there is anything to do.
+    fn spawn(self, svc: &Shared) {
+        if self.kept.is_none() && !self.settle {
+            return;
+        }
+        let svc = svc.clone();
+        tokio::spawn(async move {
+            // The reply first: the scheduler's prioritize waits for it.
+            if let Some(kept) = self.kept {
+                kept.reply();
+            }
+            if self.settle {
+                svc.cluster.settle();
+            }
+        });
+    }
+}
+
+/// The filter verdict, in the shape the request came in, and what is left to do once it is
+/// out: among it, the scores kept for the prioritize after it (where they stand until the
+/// cluster changes), which must be handed off before the answer goes.
+pub fn filter_reply<'a>(svc: &Service, args: &'a ExtenderArgs<'_>) -> (FilterReply<'a>, Afterwards) {
     let candidates = args.candidates();
     let mut reply = FilterReply::default();
-    let mut kept = None;
+    let mut after = Afterwards::default();
     let fitting: Vec<&str> = match svc.cluster.ask(&args.pod) {
         Err(e) => {
             // Never schedulable as written: say why on every node.
@@ -148,11 +176,12 @@ pub fn filter_reply<'a>(svc: &Service, args: &'a ExtenderArgs<'_>) -> (FilterRep
         Ok(ask) if !ask.demand.wants_cards() => candidates,
         Ok(_) if !svc.cluster.synced() => {
             reply.error = "the Tessera extender is still reading the cluster".into();
-            return (reply, None);
+            return (reply, after);
         }
         Ok(ask) => {
             let out = svc.cluster.filter(&ask, &candidates);
-            kept = out.stamp.map(|stamp| Arc::new(Kept::new(&ask, stamp, &out.fits)));
+            after.kept = out.stamp.map(|stamp| Arc::new(Kept::new(&ask, stamp, &out.fits)));
+            after.settle = out.unsettled;
             reply.failed_nodes = out.failed;
             reply.failed_and_unresolvable_nodes = out.unresolvable;
             out.fits.into_iter().map(|(n, _)| n).collect()
@@ -173,7 +202,7 @@ pub fn filter_reply<'a>(svc: &Service, args: &'a ExtenderArgs<'_>) -> (FilterRep
         }
         _ => reply.node_names = Some(fitting),
     }
-    (reply, kept)
+    (reply, after)
 }
 
 async fn filter(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -183,15 +212,13 @@ async fn filter(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) 
         Ok(bytes) => match parse::<ExtenderArgs>(&bytes) {
             Err((status, msg)) => error(status, msg),
             Ok(args) => {
-                let (reply, kept) = filter_reply(&svc, &args);
+                let (reply, after) = filter_reply(&svc, &args);
                 let r = json(StatusCode::OK, &reply);
-                if let Some(kept) = kept {
+                if let Some(kept) = &after.kept {
                     svc.handoff.keep(kept.clone());
-                    // Written while the scheduler reads the filter's answer.
-                    tokio::spawn(async move {
-                        kept.reply();
-                    });
                 }
+                // Done while the scheduler reads the filter's answer.
+                after.spawn(&svc);
                 r
             }
         },
@@ -200,19 +227,24 @@ async fn filter(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) 
 }
 
 /// The prioritize scores (0..=10) of the nodes that fit, as JSON: the ones the filter of the
-/// pod kept for these nodes where nothing has changed since, else worked out now.
-pub fn prioritize_reply(svc: &Service, args: &ExtenderArgs<'_>) -> Bytes {
+/// pod kept for these nodes where nothing has changed since, else worked out now (and then
+/// the engine's memos are left to do once the answer is out).
+pub fn prioritize_reply(svc: &Service, args: &ExtenderArgs<'_>) -> (Bytes, Afterwards) {
     let ask = match svc.cluster.ask(&args.pod) {
         Ok(a) if a.demand.wants_cards() && svc.cluster.synced() => a,
         // Not ours, invalid or not ready: no opinion.
-        _ => return host_scores_json(&[]).into(),
+        _ => return (host_scores_json(&[]).into(), Afterwards::default()),
     };
     let candidates = args.candidates();
     if let Some(kept) = svc.handoff.reply(&ask, &candidates, svc.cluster.stamp()) {
-        return kept;
+        return (kept, Afterwards::default());
     }
     let out = svc.cluster.filter(&ask, &candidates);
-    host_scores_json(&scale_scores(&out.fits)).into()
+    let after = Afterwards {
+        kept: None,
+        settle: out.unsettled,
+    };
+    (host_scores_json(&scale_scores(&out.fits)).into(), after)
 }
 
 async fn prioritize(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -221,7 +253,11 @@ async fn prioritize(State(svc): State<Shared>, body: Result<Bytes, BytesRejectio
         Err((status, msg)) => error(status, msg),
         Ok(bytes) => match parse::<ExtenderArgs>(&bytes) {
             Err((status, msg)) => error(status, msg),
-            Ok(args) => json_bytes(StatusCode::OK, prioritize_reply(&svc, &args)),
+            Ok(args) => {
+                let (reply, after) = prioritize_reply(&svc, &args);
+                after.spawn(&svc);
+                json_bytes(StatusCode::OK, reply)
+            }
         },
     };
     timed(&svc, "prioritize", start, r)

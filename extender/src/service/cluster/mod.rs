@@ -118,6 +118,9 @@ pub struct FilterOutcome<'a> {
     pub failed: Vec<(&'a str, Arc<str>)>,
     /// Nodes that cannot take the pod whatever is evicted, with why.
     pub unresolvable: Vec<(&'a str, Arc<str>)>,
+    /// The engine has yet to remember what it found: [`Cluster::settle`] once the answer is
+    /// out (else the next use of the engine does it first).
+    pub unsettled: bool,
 }
 
 struct Learning {
@@ -209,6 +212,12 @@ impl Cluster {
 
     fn not_ready(&self) -> std::sync::MutexGuard<'_, NotReady> {
         self.not_ready.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lets the engine remember what the last filter found
+    /// ([`tessera_core::placement::Engine::settle`]).
+    pub fn settle(&self) {
+        self.ledger().engine().settle();
     }
 
     /// What a filter now would work its verdicts out from.

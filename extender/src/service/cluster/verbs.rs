@@ -156,7 +156,9 @@ impl Cluster {
         }
         let allowed = l.cluster().allowed_models(demand.gpu_models.as_deref());
         let verdicts = if demand.wants_cards() {
-            l.engine().evaluate_nodes(demand, &positions)
+            let verdicts = l.engine().evaluate_nodes(demand, &positions);
+            out.unsettled = l.engine().unsettled();
+            verdicts
         } else {
             // Every card it needs is held: only its CPU and memory are left to fit.
             positions
