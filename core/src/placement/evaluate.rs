@@ -556,9 +556,10 @@ impl Engine {
     /// Each node remembers its verdicts for the last few pod shapes it was asked about until
     /// it changes (or the workload does): the scheduler asks filter and then prioritize for the
     /// same pod, consecutive pods of one workload have the same shape, and a cluster's pods
-    /// take turns among a few GPU asks. Nodes without a
-    /// remembered verdict are evaluated on several threads when there are many of them and
-    /// the policies are deterministic; the verdicts are the same as on one thread.
+    /// take turns among a few GPU asks. Nodes without a remembered verdict are evaluated on
+    /// several threads when there are many of them and the policies are deterministic; the
+    /// verdicts are the same as on one thread. Their verdicts are remembered at
+    /// [`Engine::settle`], which the caller may leave until its answer is out.
     pub fn evaluate_nodes(&mut self, pod: &PodDemand, nodes: &[usize]) -> Vec<(usize, Verdict)> {
         let remembered = self.remembered(pod, nodes);
         let misses = remembered.iter().filter(|v| v.is_none()).count();
