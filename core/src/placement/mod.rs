@@ -9,6 +9,7 @@ mod demand;
 mod evaluate;
 mod fit;
 mod frag;
+mod many;
 mod memo;
 mod rng;
 mod share;
@@ -34,8 +35,9 @@ pub use state::{CARD_MILLI, CardState, ClusterState, MigSlot, NodeState, ShareOw
 
 use crate::enforcement::ShareEnforcement;
 use crate::policy::PolicyKind;
-use evaluate::{Evaluator, Scratch, Unsettled};
+use evaluate::{Evaluator, Scratch};
 use frag::LevelTerms;
+use many::Unsettled;
 use memo::{ScoreMemo, VerdictMemo};
 use terms::NodeTerms;
 
@@ -119,7 +121,7 @@ pub struct Engine {
     /// What the last evaluation found that the memos are yet to take ([`Engine::settle`]).
     unsettled: Option<Unsettled>,
     /// [`Unsettled::done`]'s buffer once settled, for the next evaluation.
-    spare: Vec<Option<evaluate::Evaluated>>,
+    spare: Vec<Option<many::Evaluated>>,
 }
 
 /// A share chooser for the general (multi-container) path.
