@@ -2,22 +2,17 @@
 //! threads for the nodes that meet a pod shape for the first time, and what is left to
 //! remember once the caller's answer is out.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use super::evaluate::{Evaluator, FragMemo, Verdict, policies, prefetch};
 use super::fit::check_node_resources;
 use super::terms::NodeTerms;
+use super::threads::{self, threads_for};
 use super::{ClusterState, Engine, EngineConfig, PodDemand, PolicyKind, ScoreMemo, memo};
-
-/// Below this many nodes to evaluate, one thread does it (threads cost more than they save).
-const PARALLEL_MIN_NODES: usize = 512;
 
 /// Nodes a thread takes at a time when several evaluate: about eight blocks per thread, within
 /// these bounds.
 const PARALLEL_BLOCK: (usize, usize) = (16, 256);
-
-/// At most this many threads evaluate one request.
-const MAX_THREADS: usize = 8;
 
 /// What an evaluation of many nodes found that the memos are yet to take
 /// ([`Engine::settle`]).
@@ -52,44 +47,6 @@ fn prefetch_node(cluster: &ClusterState, terms: &NodeTerms, n: usize, briefs: bo
     } else {
         prefetch(&cluster.nodes[n].cards);
     }
-}
-
-/// The threads that evaluate beside the calling thread: one fewer than the threads a request
-/// may use (cores, at most [`MAX_THREADS`]), kept between requests; `None` on one core, or
-/// where they could not be started (requests are then evaluated on the calling thread).
-///
-/// A pool of its own, not rayon's global one: the global pool has a thread per core, and
-/// with the calling thread working too, one more thread than cores wants to run. On a
-/// 2-core machine, filters back to back on the engine alone, the helper woken for a
-/// request started within 60 µs in nine requests out of ten with a pool of one, and more
-/// than a millisecond late (after the calling thread had done every node) in one of ten
-/// with a pool of two. (Beside the extender's HTTP threads it is still that late in about
-/// one request of ten: the calling thread then does every node alone.)
-fn helpers() -> Option<&'static rayon::ThreadPool> {
-    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let helpers = cores.min(MAX_THREADS) - 1;
-        if helpers == 0 {
-            return None;
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(helpers)
-            .thread_name(|i| format!("tessera-eval-{i}"))
-            .build()
-            .map_err(|e| tracing::warn!("evaluating on one thread: the helper threads did not start: {e}"))
-            .ok()
-    })
-    .as_ref()
-}
-
-/// How many threads to evaluate `misses` nodes on (the calling thread and helpers).
-fn threads_for(misses: usize) -> usize {
-    if misses < PARALLEL_MIN_NODES {
-        return 1;
-    }
-    let threads = helpers().map_or(1, |p| p.current_num_threads() + 1);
-    threads.min(misses / (PARALLEL_MIN_NODES / 2)).max(1)
 }
 
 impl Engine {
@@ -262,11 +219,12 @@ impl Engine {
             // The calling thread works too rather than wait; the others are the helpers, kept
             // between requests (a parked thread wakes in tens of microseconds here, where a
             // new one takes over a hundred).
-            match helpers() {
+            match threads::helpers() {
                 Some(pool) => pool.in_place_scope(|scope| {
                     for _ in 1..threads {
                         scope.spawn(|_| work());
                     }
+                    threads::handed_out(threads - 1);
                     work();
                 }),
                 None => work(),

@@ -17,6 +17,7 @@ mod state;
 mod terms;
 #[cfg(test)]
 mod tests;
+mod threads;
 
 use std::fmt;
 
@@ -32,6 +33,7 @@ pub use frag::{
 };
 pub use rng::Rng;
 pub use state::{CARD_MILLI, CardState, ClusterState, MigSlot, NodeState, ShareOwner, ShareRefusal, ShareUser, Tenant};
+pub use threads::{WAIT_AT_MOST, Woken, wake_helpers};
 
 use crate::enforcement::ShareEnforcement;
 use crate::policy::PolicyKind;

@@ -59,7 +59,10 @@ fn parse_owned<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejectio
 pub fn router(svc: Shared, prefix: &str, body_limit: usize, verified_clients_only: bool) -> Router {
     let prefix = prefix.trim_end_matches('/');
     let mut verbs = Router::new()
-        .route(&format!("{prefix}/filter"), post(filter))
+        .route(
+            &format!("{prefix}/filter"),
+            post(filter).layer(axum::middleware::from_fn(wake_engine)),
+        )
         .route(&format!("{prefix}/prioritize"), post(prioritize))
         .route(&format!("{prefix}/bind"), post(bind))
         .route(&format!("{prefix}/preempt"), post(preempt));
@@ -74,6 +77,14 @@ pub fn router(svc: Shared, prefix: &str, body_limit: usize, verified_clients_onl
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(svc)
+}
+
+/// Wakes the engine's helper threads as a filter's request comes in, to wait while it is read
+/// and parsed for the evaluation that follows (a parked thread can take longer to wake than
+/// the evaluation takes: see `tessera_core::placement::wake_helpers`).
+async fn wake_engine(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let _woken = tessera_core::placement::wake_helpers();
+    next.run(req).await
 }
 
 /// Lets a request through only when its connection presented a verified client certificate.
