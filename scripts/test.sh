@@ -38,6 +38,8 @@ cargo fmt --all -- --check
 # denies clippy::too_many_lines outside cfg(test) (an exception says why in its
 # #[allow(clippy::too_many_lines, reason = ...)]); tests and the test harness may run long.
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The API documentation builds without warnings (a link to a private item, a broken link).
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 # The real-cluster tests and the GPU harness's dry run use Tessera's own binaries and the CUDA
 # hook's cdylib (tests/tests/cluster.rs, gpu_dry_run.rs, gpu_cluster_dry_run.rs): built first (`--bins` alone leaves the
 # cdylib out of target/debug). `--tests` too, so that dev-dependencies take part in resolving

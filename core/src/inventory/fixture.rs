@@ -187,7 +187,7 @@ impl Fixture {
         self.node.as_deref()
     }
 
-    /// Refuses memory no card has: a card of 0 MiB or over [`MAX_CARD_MEMORY_MIB`], a MIG
+    /// Refuses memory no card has: a card of 0 MiB or over 16 TiB (`MAX_CARD_MEMORY_MIB`), a MIG
     /// instance or profile of no memory or of more than its card (by its size or by the memory
     /// its profile's name gives), naming the card, the field and the value.
     pub fn check(&self, source: &Path) -> Result<(), InventoryError> {

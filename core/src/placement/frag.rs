@@ -175,9 +175,9 @@ pub struct ClassSums {
     empty: bool,
 }
 
-/// A node's terms for [`Fragmentation::after_one_change`]: its idle compute and
-/// [`LevelTerms`]; per class, whether it could run on the node at all (model, CPU, number of
-/// cards).
+/// A node's terms for [`Fragmentation::after_one_change`]: its idle compute and, per level of
+/// the workload, the cards with room for it and the free compute of the others; per class,
+/// whether it could run on the node at all (model, CPU, number of cards).
 #[derive(Debug, Clone, Default)]
 pub struct ChangeBase {
     idle: u64,
