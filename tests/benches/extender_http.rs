@@ -2,7 +2,8 @@
 //! process), at 5,000 and 10,000 nodes: the filter + prioritize round trip for GPU pods with
 //! `NodeNames` of every node (one shape again and again, a new shape every request, and each pod
 //! of the public trace's default list in turn), against the same round trip for a pod without
-//! GPUs (HTTP and JSON cost only); and binds per second with 4 concurrent clients.
+//! GPUs (HTTP and JSON cost only), each line split by step for its median and slowest round
+//! trips; and binds per second with 4 concurrent clients.
 //! Run: `cargo bench -p tessera-tests --bench extender_http` (`-- 5000` for one size).
 //!
 //! The trace (Alibaba's cluster-trace-gpu-v2023, `openb_pod_list_default.csv`) is read from
@@ -113,6 +114,17 @@ struct Args<'a> {
     node_names: &'a [String],
 }
 
+/// One round trip's time, and the share of it each step took.
+#[derive(Clone, Copy, Default)]
+struct RoundTrip {
+    total: Duration,
+    /// The filter's HTTP call, and the prioritize's.
+    filter: Duration,
+    prioritize: Duration,
+    /// The client's own work: the requests written, the answers parsed.
+    client: Duration,
+}
+
 /// Filter, then prioritize the nodes that passed, as the scheduler does; replies are parsed
 /// into the wire types (a typed client, like the scheduler's).
 /// `runs` round trips after 10 to warm up, taking the pods in turn.
@@ -121,7 +133,7 @@ async fn round_trips(
     pods: &[serde_json::Value],
     names: &[String],
     runs: usize,
-) -> anyhow::Result<Vec<Duration>> {
+) -> anyhow::Result<Vec<RoundTrip>> {
     let mut out = Vec::with_capacity(runs);
     for i in 0..runs + 10 {
         let pod = &pods[i % pods.len()];
@@ -131,7 +143,9 @@ async fn round_trips(
             nodes: None,
             node_names: names,
         })?;
+        let t1 = Instant::now();
         let (s1, f) = http.request(&format!("{PREFIX}/filter"), Some(body)).await?;
+        let t2 = Instant::now();
         let f: ExtenderFilterResult = serde_json::from_slice(&f)?;
         let fit = f.node_names.unwrap_or_default();
         let body = serde_json::to_vec(&Args {
@@ -139,15 +153,54 @@ async fn round_trips(
             nodes: None,
             node_names: &fit,
         })?;
+        let t3 = Instant::now();
         let (s2, p) = http.request(&format!("{PREFIX}/prioritize"), Some(body)).await?;
+        let t4 = Instant::now();
         let scores: Vec<HostPriority> = serde_json::from_slice(&p)?;
         anyhow::ensure!(s1 == 200 && s2 == 200, "filter {s1}, prioritize {s2}");
         std::hint::black_box(scores);
+        let total = t.elapsed();
         if i >= 10 {
-            out.push(t.elapsed());
+            out.push(RoundTrip {
+                total,
+                filter: t2 - t1,
+                prioritize: t4 - t3,
+                client: total - (t2 - t1) - (t4 - t3),
+            });
         }
     }
     Ok(out)
+}
+
+/// The round trips' totals.
+fn totals(v: &[RoundTrip]) -> Vec<Duration> {
+    v.iter().map(|r| r.total).collect()
+}
+
+/// Where the time of a line's median round trips and of its slowest 1% went, step by step
+/// (means over the round trips within 5% of the median, and over the slowest 1%).
+fn by_step(v: &[RoundTrip]) {
+    let mut sorted = v.to_vec();
+    sorted.sort_by_key(|r| r.total);
+    let median = sorted[sorted.len() / 2].total;
+    let near: Vec<RoundTrip> = sorted
+        .iter()
+        .copied()
+        .filter(|r| r.total.abs_diff(median) <= median / 20)
+        .collect();
+    let slowest = &sorted[sorted.len() - sorted.len().div_ceil(100)..];
+    let mean = |rs: &[RoundTrip], f: fn(&RoundTrip) -> Duration| {
+        ms(rs.iter().map(f).sum::<Duration>()) / rs.len().max(1) as f64
+    };
+    println!(
+        "    by step, median / slowest 1%: filter call {:.2} / {:.2}, prioritize call {:.2} / {:.2}, client {:.2} / {:.2} ms",
+        mean(&near, |r| r.filter),
+        mean(slowest, |r| r.filter),
+        mean(&near, |r| r.prioritize),
+        mean(slowest, |r| r.prioritize),
+        mean(&near, |r| r.client),
+        mean(slowest, |r| r.client),
+    );
 }
 
 /// A round-trip line: median and p99, and their ratios to the no-GPU baseline's.
@@ -225,9 +278,9 @@ async fn latency(nodes: usize, trace: Option<&[serde_json::Value]>) -> anyhow::R
     let gpu = api.create_pod(&share_pod("bench", 30, 8))?;
     let cpu = api.create_pod(&pod("web", &[("main", &[("cpu", "1")])]))?;
     let s0 = server_seconds(&mut r.http).await?;
-    let mut base = round_trips(&mut r.http, &[scheduler_json(&cpu)], &names, ROUND_TRIPS).await?;
+    let base = round_trips(&mut r.http, &[scheduler_json(&cpu)], &names, ROUND_TRIPS).await?;
     let s1 = server_seconds(&mut r.http).await?;
-    let mut gpu_rt = round_trips(&mut r.http, &[scheduler_json(&gpu)], &names, ROUND_TRIPS).await?;
+    let gpu_rt = round_trips(&mut r.http, &[scheduler_json(&gpu)], &names, ROUND_TRIPS).await?;
     let s2 = server_seconds(&mut r.http).await?;
     let runs = (ROUND_TRIPS + 10) as f64;
     let (server_base, server_gpu) = ((s1 - s0) / runs * 1e3, (s2 - s1) / runs * 1e3);
@@ -242,9 +295,10 @@ async fn latency(nodes: usize, trace: Option<&[serde_json::Value]>) -> anyhow::R
             ))
         })
         .collect();
-    let mut cold = round_trips(&mut r.http, &shapes, &names, ROUND_TRIPS).await?;
+    let cold = round_trips(&mut r.http, &shapes, &names, ROUND_TRIPS).await?;
     let server_cold = (server_seconds(&mut r.http).await? - s2) / runs * 1e3;
-    let b = (quantile(&mut base, 0.5), quantile(&mut base, 0.99));
+    let (mut base_t, mut gpu_t, mut cold_t) = (totals(&base), totals(&gpu_rt), totals(&cold));
+    let b = (quantile(&mut base_t, 0.5), quantile(&mut base_t, 0.99));
     println!("  filter+prioritize round trip, NodeNames={nodes}, {ROUND_TRIPS} runs each:");
     println!(
         "  inside the extender (its metrics, mean): {server_base:.2} ms without GPUs, {server_gpu:.2} ms GPU share, {server_cold:.2} ms new shape"
@@ -255,11 +309,19 @@ async fn latency(nodes: usize, trace: Option<&[serde_json::Value]>) -> anyhow::R
         ms(b.0),
         ms(b.1)
     );
-    report("a new pod shape every request:", &mut cold, b);
-    report("GPU share pod (30% + 8 GiB) again:", &mut gpu_rt, b);
+    by_step(&base);
+    report("a new pod shape every request:", &mut cold_t, b);
+    by_step(&cold);
+    report("GPU share pod (30% + 8 GiB) again:", &mut gpu_t, b);
+    by_step(&gpu_rt);
     if let Some(trace) = trace {
-        let mut mix = round_trips(&mut r.http, trace, &names, trace.len() - 10).await?;
-        report(&format!("the trace's {} pods in turn:", trace.len()), &mut mix, b);
+        let mix = round_trips(&mut r.http, trace, &names, trace.len() - 10).await?;
+        report(
+            &format!("the trace's {} pods in turn:", trace.len()),
+            &mut totals(&mix),
+            b,
+        );
+        by_step(&mix);
     }
     engine_only(&r, &gpu, &shapes, &names)?;
     Ok((api, r))

@@ -218,15 +218,21 @@ impl Engine {
             };
             // The calling thread works too rather than wait; the others are the helpers, kept
             // between requests (a parked thread wakes in tens of microseconds here, where a
-            // new one takes over a hundred).
+            // new one takes over a hundred) and placed by the program that runs the engine.
             match threads::helpers() {
-                Some(pool) => pool.in_place_scope(|scope| {
-                    for _ in 1..threads {
-                        scope.spawn(|_| work());
-                    }
-                    threads::handed_out(threads - 1);
-                    work();
-                }),
+                Some(pool) => {
+                    threads::handing_out();
+                    pool.in_place_scope(|scope| {
+                        for _ in 1..threads {
+                            scope.spawn(|_| {
+                                threads::helper_working();
+                                work();
+                            });
+                        }
+                        threads::handed_out(threads - 1);
+                        work();
+                    })
+                }
                 None => work(),
             }
         }

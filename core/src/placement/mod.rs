@@ -33,7 +33,7 @@ pub use frag::{
 };
 pub use rng::Rng;
 pub use state::{CARD_MILLI, CardState, ClusterState, MigSlot, NodeState, ShareOwner, ShareRefusal, ShareUser, Tenant};
-pub use threads::{WAIT_AT_MOST, Woken, wake_helpers};
+pub use threads::{HelperPlacement, WAIT_AT_MOST, Woken, place_helpers, wake_helpers};
 
 use crate::enforcement::ShareEnforcement;
 use crate::policy::PolicyKind;

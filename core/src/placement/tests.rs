@@ -547,6 +547,64 @@ fn helpers_woken_ahead_take_the_evaluation_and_stop_waiting() {
     drop(woken);
 }
 
+/// Records which threads the helper placement hears from, and in which role.
+#[derive(Default)]
+struct Heard {
+    helpers: std::sync::Mutex<Vec<(std::thread::ThreadId, Option<String>)>>,
+    handing_out: std::sync::Mutex<Vec<std::thread::ThreadId>>,
+}
+
+struct Recording(&'static Heard);
+
+impl HelperPlacement for Recording {
+    fn helper_working(&self) {
+        let t = std::thread::current();
+        let mut h = self.0.helpers.lock().unwrap();
+        if !h.iter().any(|(id, _)| *id == t.id()) {
+            h.push((t.id(), t.name().map(str::to_owned)));
+        }
+    }
+
+    fn handing_out(&self) {
+        self.0.handing_out.lock().unwrap().push(std::thread::current().id());
+    }
+}
+
+/// The program that runs the engine hears from each helper as it takes work, and from the
+/// calling thread as it hands the work out, with the same verdicts as one thread.
+#[test]
+fn helper_placement_hears_from_the_helpers_and_the_thread_that_hands_them_work() {
+    if threads::helpers().is_none() {
+        eprintln!("one core: no helper threads");
+        return;
+    }
+    let heard: &'static Heard = Box::leak(Box::default());
+    assert!(
+        place_helpers(Box::new(Recording(heard))).is_ok(),
+        "only this test installs one"
+    );
+    let fixtures: Vec<&str> = (0..600).map(|i| ["h100x8", "t4x2"][i % 2]).collect();
+    let e = engine(PolicyKind::Mosaic, &fixtures);
+    let nodes: Vec<usize> = (0..e.cluster.nodes.len()).collect();
+    let pod = share(1000, 250, Some(4 << 10));
+    // Other tests evaluate on several threads meanwhile: this thread's calls are counted.
+    let me = std::thread::current().id();
+    let mine = || heard.handing_out.lock().unwrap().iter().filter(|&&t| t == me).count();
+    let alone = e.clone().evaluate_nodes_on(&pod, &nodes, 1);
+    assert_eq!(mine(), 0, "one thread hands nothing out");
+    assert_eq!(e.clone().evaluate_nodes_on(&pod, &nodes, 2), alone);
+    assert_eq!(mine(), 1, "the calling thread was not heard from once");
+    let helpers = heard.helpers.lock().unwrap();
+    assert!(!helpers.is_empty(), "no helper was heard from");
+    for (id, name) in helpers.iter() {
+        assert_ne!(*id, me, "the calling thread was taken for a helper");
+        assert!(
+            name.as_deref().is_some_and(|n| n.starts_with("tessera-eval-")),
+            "{name:?}"
+        );
+    }
+}
+
 fn cards_of(p: &Placement) -> Vec<usize> {
     p.plan
         .containers

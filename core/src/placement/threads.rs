@@ -1,5 +1,5 @@
-//! The engine's helper threads: kept between requests, and woken ahead of an evaluation on
-//! its way.
+//! The engine's helper threads: kept between requests, woken ahead of an evaluation on its
+//! way, and placed on CPUs by the program that runs the engine.
 //!
 //! A parked helper is woken when an evaluation hands out its work, and on a busy or virtual
 //! machine the wake can take longer than the work: on the 2-core bench machine, beside the
@@ -8,6 +8,11 @@
 //! six. A caller that knows an evaluation is coming (the extender, as a filter's request is
 //! read) wakes them first ([`wake_helpers`]): they wait, spinning, until the work is handed out,
 //! the caller lets them go, or [`WAIT_AT_MOST`] passes.
+//!
+//! Where a woken helper runs is the kernel's choice, and that VM's kernel often chose the
+//! calling thread's CPU, busy with its own share: the helper then took no block in up to a
+//! quarter of the filters. Core does no node I/O, so where helpers may run is the embedding
+//! program's say ([`place_helpers`]): the extender keeps them off the calling thread's CPU.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -68,6 +73,42 @@ pub(super) fn threads_for(misses: usize) -> usize {
     }
     let threads = helpers().map_or(1, |p| p.current_num_threads() + 1);
     threads.min(misses / (PARALLEL_MIN_NODES / 2)).max(1)
+}
+
+/// Where the engine's helper threads run, for a program that has a say in it (core itself
+/// does no node I/O): told as a helper takes an evaluation's work and as the calling thread
+/// hands it out.
+pub trait HelperPlacement: Send + Sync {
+    /// On a helper thread, each time it takes part in an evaluation (before its first node).
+    /// Called on every evaluation on several threads: keep it to a few instructions once the
+    /// thread is known.
+    fn helper_working(&self);
+    /// On the calling thread, just before it hands an evaluation's work to the helpers (it then
+    /// takes its own share on the same thread).
+    fn handing_out(&self);
+}
+
+/// The placement installed by [`place_helpers`].
+static PLACEMENT: OnceLock<Box<dyn HelperPlacement>> = OnceLock::new();
+
+/// Installs where the helpers run, once per process; a second one is given back. Helpers
+/// register as they next take work, so it may come after the first evaluation.
+pub fn place_helpers(placement: Box<dyn HelperPlacement>) -> Result<(), Box<dyn HelperPlacement>> {
+    PLACEMENT.set(placement)
+}
+
+/// Says that this helper thread takes part in an evaluation.
+pub(super) fn helper_working() {
+    if let Some(p) = PLACEMENT.get() {
+        p.helper_working();
+    }
+}
+
+/// Says that the calling thread hands an evaluation's work to the helpers now.
+pub(super) fn handing_out() {
+    if let Some(p) = PLACEMENT.get() {
+        p.handing_out();
+    }
 }
 
 /// Says that an evaluation has handed its work to `helpers` helpers: those woken ahead stop

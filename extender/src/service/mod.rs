@@ -4,6 +4,7 @@
 
 pub mod bind;
 pub mod cluster;
+pub mod cpus;
 pub mod events;
 pub mod http;
 pub mod keys;
@@ -171,6 +172,7 @@ pub fn install_crypto_provider() {
 /// Starts watches, election and the HTTP server.
 pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) -> anyhow::Result<Running> {
     install_crypto_provider();
+    cpus::keep_helpers_off_the_caller();
     anyhow::ensure!(
         cfg.claims || cfg.webhook.is_none(),
         "the admission webhook serves ElasticGPU claims: it needs them turned on"
