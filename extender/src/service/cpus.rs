@@ -19,7 +19,7 @@ pub fn keep_helpers_off_the_caller() {
 mod linux {
     use std::cell::Cell;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::{Mutex, Once};
+    use std::sync::{Mutex, OnceLock};
 
     use nix::sched::{CpuSet, sched_getaffinity, sched_getcpu, sched_setaffinity};
     use nix::unistd::{Pid, gettid};
@@ -40,18 +40,21 @@ mod linux {
         static KNOWN: Cell<bool> = const { Cell::new(false) };
     }
 
-    static PLACED: Mutex<Option<&'static KeepOffCaller>> = Mutex::new(None);
+    /// The placement installed, once per process (`None` where the engine had one already).
+    static PLACED: OnceLock<Option<&'static KeepOffCaller>> = OnceLock::new();
 
     pub(super) fn install() {
-        static ONCE: Once = Once::new();
-        ONCE.call_once(|| {
+        PLACED.get_or_init(|| {
             let placement: &'static KeepOffCaller = Box::leak(Box::new(KeepOffCaller {
                 helpers: Mutex::new(Vec::new()),
                 off: AtomicUsize::new(NONE),
             }));
             match place_helpers(Box::new(placement)) {
-                Ok(()) => *PLACED.lock().unwrap_or_else(|p| p.into_inner()) = Some(placement),
-                Err(_) => tracing::warn!("the engine's helpers were placed already; kept as they are"),
+                Ok(()) => Some(placement),
+                Err(_) => {
+                    tracing::warn!("the engine's helpers were placed already; kept as they are");
+                    None
+                }
             }
         });
     }
@@ -96,8 +99,7 @@ mod linux {
     /// The CPUs of each helper known so far.
     #[cfg(test)]
     pub(super) fn helper_cpus() -> Vec<Vec<usize>> {
-        let placed = PLACED.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(p) = *placed else {
+        let Some(p) = PLACED.get().copied().flatten() else {
             return Vec::new();
         };
         p.helpers
