@@ -115,7 +115,7 @@ struct Args<'a> {
 }
 
 /// One round trip's time, and the share of it each step took.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct RoundTrip {
     total: Duration,
     /// The filter's HTTP call, and the prioritize's.
