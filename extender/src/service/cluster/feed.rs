@@ -19,7 +19,7 @@ use tessera_claims::holds::is_booking_key;
 
 /// Reads a node: its capacity, and why its GPUs cannot be given to pods (the node publishes
 /// its driver as not ready, or gives its GPUs to DRA claims), when they cannot.
-fn node_capacity(node: &Node) -> (NodeCapacity, Option<String>) {
+pub(super) fn node_capacity(node: &Node) -> (NodeCapacity, Option<String>) {
     let name = node.metadata.name.as_deref().unwrap_or_default();
     let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
     let amount = |key: &str| {

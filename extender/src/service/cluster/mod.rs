@@ -5,7 +5,8 @@
 //! (`verbs`). Kubernetes objects are translated here; every decision is the engine's.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tessera_api::pod::PodClaimError;
@@ -75,6 +76,33 @@ pub struct Stamp {
     not_ready: u64,
 }
 
+/// The ledger, locked. As the lock is let go its count of changes is published for
+/// [`Cluster::stamp`] (still under the lock, so the published counts only grow); a change
+/// made under a lock not yet let go is not seen, as if the stamp had been read before it.
+struct LedgerGuard<'a> {
+    ledger: std::sync::MutexGuard<'a, Ledger>,
+    changes: &'a AtomicU64,
+}
+
+impl Deref for LedgerGuard<'_> {
+    type Target = Ledger;
+    fn deref(&self) -> &Ledger {
+        &self.ledger
+    }
+}
+
+impl DerefMut for LedgerGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+}
+
+impl Drop for LedgerGuard<'_> {
+    fn drop(&mut self) {
+        self.changes.store(self.ledger.changes(), Ordering::Release);
+    }
+}
+
 /// Nodes that offer pods none of their GPUs, with why, and how often that changed.
 #[derive(Debug, Default)]
 struct NotReady {
@@ -133,6 +161,9 @@ struct Learning {
 /// The cluster as the extender knows it.
 pub struct Cluster {
     ledger: Mutex<Ledger>,
+    /// The ledger's count of changes as of the last time its lock was let go: what
+    /// [`Cluster::stamp`] reads, without waiting for the lock.
+    ledger_changes: AtomicU64,
     learning: Mutex<Learning>,
     keys: std::sync::RwLock<Arc<SigningKeys>>,
     /// Where the keys are read again from when it changes (see [`Cluster::reloading_keys_from`]).
@@ -156,6 +187,7 @@ impl Cluster {
         let tenants = Arc::new(Tenants::default());
         Self {
             ledger: Mutex::new(Ledger::new(config, &Default::default())),
+            ledger_changes: AtomicU64::new(0),
             learning: Mutex::new(Learning {
                 learner: WorkloadLearner::new(2000.0),
                 seen: 0,
@@ -206,8 +238,11 @@ impl Cluster {
         self.claims().user(key).map(|u| (u.pod.clone(), u.uid.clone()))
     }
 
-    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    fn ledger(&self) -> LedgerGuard<'_> {
+        LedgerGuard {
+            ledger: self.ledger.lock().unwrap_or_else(|p| p.into_inner()),
+            changes: &self.ledger_changes,
+        }
     }
 
     fn not_ready(&self) -> std::sync::MutexGuard<'_, NotReady> {
@@ -220,12 +255,12 @@ impl Cluster {
         self.ledger().engine().settle();
     }
 
-    /// What a filter now would work its verdicts out from.
+    /// What a filter now would work its verdicts out from. It does not wait for the ledger:
+    /// a prioritize checks it while the filter before it settles the engine's memos.
     pub fn stamp(&self) -> Stamp {
-        let not_ready = self.not_ready().changes;
         Stamp {
-            ledger: self.ledger().changes(),
-            not_ready,
+            ledger: self.ledger_changes.load(Ordering::Acquire),
+            not_ready: self.not_ready().changes,
         }
     }
 
@@ -305,5 +340,42 @@ impl tessera_claims::SchedulerView for Cluster {
 
     fn claim_user(&self, key: &str) -> Option<(String, String)> {
         Cluster::claim_user(self, key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::Node;
+
+    use super::*;
+
+    fn node(name: &str) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"}}
+        }))
+        .expect("a node")
+    }
+
+    #[test]
+    fn a_stamp_is_read_while_the_ledger_is_held_and_moves_once_it_is_let_go() {
+        let keys = SigningKeys::new("k1", [("k1".to_string(), vec![9u8; 32])]).expect("valid keys");
+        let cluster = Arc::new(Cluster::new(EngineConfig::default(), keys, RequestOptions::default()));
+        let before = cluster.stamp();
+        let mut ledger = cluster.ledger();
+        let (capacity, _) = feed::node_capacity(&node("n1"));
+        ledger.set_node("n1", capacity);
+        // Asked from another thread while the lock is held, it answers, as of before the change.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = cluster.clone();
+        std::thread::spawn(move || tx.send(other.stamp()));
+        let during = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the stamp waited for the ledger's lock");
+        assert_eq!(during, before);
+        drop(ledger);
+        assert_ne!(cluster.stamp(), before, "a change to the ledger did not move the stamp");
     }
 }
