@@ -123,6 +123,8 @@ struct RoundTrip {
     prioritize: Duration,
     /// The client's own work: the requests written, the answers parsed.
     client: Duration,
+    /// The prioritize answer's size (bytes) and hosts.
+    scores: (usize, usize),
 }
 
 /// Filter, then prioritize the nodes that passed, as the scheduler does; replies are parsed
@@ -158,7 +160,7 @@ async fn round_trips(
         let t4 = Instant::now();
         let scores: Vec<HostPriority> = serde_json::from_slice(&p)?;
         anyhow::ensure!(s1 == 200 && s2 == 200, "filter {s1}, prioritize {s2}");
-        std::hint::black_box(scores);
+        let scores = std::hint::black_box(scores).len();
         let total = t.elapsed();
         if i >= 10 {
             out.push(RoundTrip {
@@ -166,6 +168,7 @@ async fn round_trips(
                 filter: t2 - t1,
                 prioritize: t4 - t3,
                 client: total - (t2 - t1) - (t4 - t3),
+                scores: (p.len(), scores),
             });
         }
     }
@@ -178,7 +181,8 @@ fn totals(v: &[RoundTrip]) -> Vec<Duration> {
 }
 
 /// Where the time of a line's median round trips and of its slowest 1% went, step by step
-/// (means over the round trips within 5% of the median, and over the slowest 1%).
+/// (means over the round trips within 5% of the median, and over the slowest 1%), and the
+/// prioritize answers' mean size.
 fn by_step(v: &[RoundTrip]) {
     let mut sorted = v.to_vec();
     sorted.sort_by_key(|r| r.total);
@@ -200,6 +204,12 @@ fn by_step(v: &[RoundTrip]) {
         mean(slowest, |r| r.prioritize),
         mean(&near, |r| r.client),
         mean(slowest, |r| r.client),
+    );
+    let n = v.len().max(1) as f64;
+    println!(
+        "    prioritize answer, mean: {:.0} hosts, {:.1} KB",
+        v.iter().map(|r| r.scores.1).sum::<usize>() as f64 / n,
+        v.iter().map(|r| r.scores.0).sum::<usize>() as f64 / n / 1e3
     );
 }
 

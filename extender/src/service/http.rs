@@ -237,9 +237,10 @@ async fn filter(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) 
     timed(&svc, "filter", start, r)
 }
 
-/// The prioritize scores (0..=10) of the nodes that fit, as JSON: the ones the filter of the
-/// pod kept for these nodes where nothing has changed since, else worked out now (and then
-/// the engine's memos are left to do once the answer is out).
+/// The prioritize scores (1..=10) of the nodes that fit, as JSON (those scored 0 left out:
+/// [`scale_scores`]): the ones the filter of the pod kept for these nodes where nothing has
+/// changed since, else worked out now (and then the engine's memos are left to do once the
+/// answer is out).
 pub fn prioritize_reply(svc: &Service, args: &ExtenderArgs<'_>) -> (Bytes, Afterwards) {
     let ask = match svc.cluster.ask(&args.pod) {
         Ok(a) if a.demand.wants_cards() && svc.cluster.synced() => a,
