@@ -278,8 +278,8 @@ impl Cluster {
 /// The prioritize reply's entries: engine scores scaled to the extender's 0..=10 (the best
 /// node 10, the worst 0, the rest in proportion), less the nodes scored 0.
 ///
-/// kube-scheduler adds `score x weight` for each host listed and nothing for a host that is
-/// not, so a host left out is a host scored 0; and when every node ties the reply is empty,
+/// kube-scheduler adds `score x weight x 10` for each host listed and nothing for a host that
+/// is not, so a host left out is a host scored 0; and when every node ties the reply is empty,
 /// the same for the scheduler as any score given to all (it adds one number to every node).
 /// Either way the scheduler ranks the nodes as it would with every score listed, and it
 /// decodes fewer entries: at 5,000 nodes a full reply is 142 KB, one entry per node.
