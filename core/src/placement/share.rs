@@ -122,23 +122,27 @@ impl Evaluator<'_> {
         let kept = self.terms.get(n)?;
         let node = &self.cluster.nodes[n];
         let s = &mut *self.s;
+        // Every card is written to the next slot and the slot kept only when the card takes the
+        // share: whether one does follows the data, and a branch on it is mispredicted often.
         s.pool.clear();
+        s.pool.resize(kept.cards.len(), 0);
         s.pool_free.clear();
+        s.pool_free.resize(kept.cards.len(), (0, 0));
+        let mut len = 0;
         for b in kept.cards {
-            if !allowed.get(usize::from(b.model)).copied().unwrap_or(false) {
-                continue;
-            }
             let free = (u32::from(b.core_free), u64::from(b.memory_free));
             let need = fit::share_memory(memory_mib, u64::from(b.memory_mib), core);
-            if free.0 < core || free.1 < need {
-                continue;
-            }
-            if ShareUser::admits(b.share_user.as_ref(), node.enforcement, node.cross_tenant, owner).is_ok() {
-                s.pool.push(usize::from(b.index));
-                s.pool_free.push(free);
-            }
+            let takes = allowed.get(usize::from(b.model)).copied().unwrap_or(false)
+                & (free.0 >= core)
+                & (free.1 >= need)
+                & ShareUser::admits(b.share_user.as_ref(), node.enforcement, node.cross_tenant, owner).is_ok();
+            s.pool[len] = usize::from(b.index);
+            s.pool_free[len] = free;
+            len += usize::from(takes);
         }
-        (!s.pool.is_empty()).then_some((kept.terms.idle, kept.offering))
+        s.pool.truncate(len);
+        s.pool_free.truncate(len);
+        (len > 0).then_some((kept.terms.idle, kept.offering))
     }
 
     /// [`Evaluator::kept_pool`] from the node's cards in full; when no card takes the share,
