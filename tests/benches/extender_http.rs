@@ -324,9 +324,11 @@ async fn latency(nodes: usize, trace: Option<&[serde_json::Value]>) -> anyhow::R
     // one after the other, a second or two each, and this VM's speed moves over seconds: one
     // line's slowest 1% can fall in a slow second that the other missed (the new shape's p99
     // ratio ranged 2.1 to 5.1 over a morning's runs). In turn, each new shape's round trip
-    // has a baseline one a millisecond before it. A node remembers four shapes: every shape
-    // here is still new to it.
+    // has a baseline one a millisecond before it. A node remembers its verdicts for four
+    // shapes and the shapes repeat every 270: no remembered verdict applies.
     let in_turn: Vec<serde_json::Value> = shapes.iter().flat_map(|s| [scheduler_json(&cpu), s.clone()]).collect();
+    // Taken in order without coming round again, so that the pods keep their turns.
+    anyhow::ensure!(in_turn.len() >= 2 * ROUND_TRIPS + WARM_UP);
     let (mut turn_base, mut turn_cold) = in_turns(&round_trips(&mut r.http, &in_turn, &names, 2 * ROUND_TRIPS).await?);
     let (mut base_t, mut gpu_t, mut cold_t) = (totals(&base), totals(&gpu_rt), totals(&cold));
     let b = (quantile(&mut base_t, 0.5), quantile(&mut base_t, 0.99));
