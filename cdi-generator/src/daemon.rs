@@ -1,11 +1,12 @@
 //! The `run` loop: regenerate when the inventory changes (poll at an interval, and at once
-//! when a fixture file changes), write atomically, publish, log what changed.
+//! when a watched path changes), write atomically, publish, log what changed.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tessera_core::inventory::{InventorySource, NodeInventory};
+use tessera_node::dirwatch::DirWatch;
 use tracing::{error, info, warn};
 
 use crate::spec::{self, CdiSpec, SpecOptions};
@@ -157,6 +158,72 @@ fn log_driver(inventory: &NodeInventory, last: &mut Option<(PathBuf, String, usi
     }
 }
 
+/// How often watched paths' modification times are compared where the kernel cannot tell
+/// of their changes.
+const MTIME_CHECK: Duration = Duration::from_millis(500);
+
+/// What wakes the loop between polls: a change of a watched path (other than the spec this
+/// generator writes), told by the kernel, or seen in the paths' modification times every
+/// [`MTIME_CHECK`] where it cannot be told (no inotify instance left to the user).
+enum Changes {
+    Nothing,
+    Told {
+        watch: DirWatch,
+        own: PathBuf,
+    },
+    Polled {
+        paths: Vec<PathBuf>,
+        last: Option<Vec<Option<SystemTime>>>,
+    },
+}
+
+impl Changes {
+    fn new(paths: Vec<PathBuf>, own: PathBuf) -> Self {
+        if paths.is_empty() {
+            return Self::Nothing;
+        }
+        match DirWatch::new(&paths) {
+            Ok(watch) => Self::Told { watch, own },
+            Err(e) => {
+                warn!(error = %e, "watched paths are checked every 0.5 s instead");
+                Self::Polled { paths, last: None }
+            }
+        }
+    }
+
+    /// Waits for a change; forever where nothing is watched. Cancel safe.
+    async fn next(&mut self) {
+        if let Self::Told { watch, own } = self {
+            loop {
+                match watch.changed().await {
+                    Ok(paths) if paths.iter().any(|p| p != own) => return,
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(error = %e, "watched paths are checked every 0.5 s instead");
+                        let paths = watch.paths();
+                        *self = Self::Polled { paths, last: None };
+                        return;
+                    }
+                }
+            }
+        }
+        let Self::Polled { paths, last } = self else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(MTIME_CHECK).await;
+            let now: Vec<_> = paths
+                .iter()
+                .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+                .collect();
+            if last.as_ref() != Some(&now) {
+                *last = Some(now);
+                return;
+            }
+        }
+    }
+}
+
 /// Runs until SIGTERM/SIGINT.
 pub async fn run(
     source: Box<dyn InventorySource + Send + Sync>,
@@ -175,21 +242,18 @@ pub async fn run(
     let mut published: Option<NodeInventory> = None;
     let mut ticker = tokio::time::interval(config.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_mtime = None;
+    // The DRA plugin writes a claim's marker into the CDI directory right after it made the
+    // claim's MIG instance: the cards are read again at once rather than at the next poll.
+    if let Err(e) = std::fs::create_dir_all(&config.cdi_dir) {
+        warn!(dir = %config.cdi_dir.display(), error = %e, "cannot create the CDI directory");
+    }
+    let mut changes = Changes::new(watch, config.cdi_dir.join(writer::SPEC_FILE));
     let mut driver_seen = None;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
-            _ = tokio::time::sleep(Duration::from_millis(500)), if !watch.is_empty() => {
-                // Cheap change check between polls of the fixture file, and of the CDI
-                // directory: the DRA plugin writes a claim's marker there right after it made
-                // the claim's MIG instance, which is then read at once rather than at the next
-                // poll.
-                let m: Vec<_> = watch.iter().map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok()).collect();
-                if Some(&m) == last_mtime.as_ref() { continue; }
-                last_mtime = Some(m);
-            }
+            () = changes.next() => {}
             _ = term.recv() => { info!("SIGTERM: exiting"); return Ok(()); }
             _ = tokio::signal::ctrl_c() => { info!("interrupted: exiting"); return Ok(()); }
         }
@@ -235,5 +299,37 @@ pub async fn run(
                 "regeneration failed; the previous spec is left in place"
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `changes` wakes within half a second.
+    async fn wakes(changes: &mut Changes) -> bool {
+        tokio::time::timeout(Duration::from_millis(500), changes.next())
+            .await
+            .is_ok()
+    }
+
+    /// A claim's marker wakes the generator at once (not at the next check), and the spec the
+    /// generator writes itself does not wake it again.
+    #[tokio::test]
+    async fn a_marker_wakes_the_loop_and_its_own_spec_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let own = dir.path().join(writer::SPEC_FILE);
+        let mut changes = Changes::new(vec![dir.path().to_path_buf()], own.clone());
+        assert!(matches!(changes, Changes::Told { .. }), "inotify is not available here");
+        writer::write_spec(dir.path(), writer::SPEC_FILE, "{}").unwrap();
+        assert!(!wakes(&mut changes).await, "woken by its own spec");
+        let marker = dir.path().join("tessera.io-claim-u.json");
+        tessera_core::files::write_atomic(dir.path(), &marker, b"{}", 0o755, 0o644).unwrap();
+        let t = std::time::Instant::now();
+        assert!(wakes(&mut changes).await, "not woken by a claim's marker");
+        // Checked every MTIME_CHECK, a change is seen a quarter of a second late on average.
+        assert!(t.elapsed() < Duration::from_millis(200), "{:?}", t.elapsed());
+        std::fs::remove_file(&marker).unwrap();
+        assert!(wakes(&mut changes).await, "not woken by a marker's removal");
     }
 }
