@@ -114,6 +114,17 @@ impl Plugin {
         fixture: &Path,
         partitioner: Option<Arc<dyn tessera_core::inventory::MigPartitioner>>,
     ) -> Self {
+        Self::start_polling(dirs, claims, fixture, partitioner, Duration::from_millis(100))
+    }
+
+    /// [`Plugin::start_on`], reading the cards every `poll`.
+    fn start_polling(
+        dirs: &Path,
+        claims: Arc<FakeClaims>,
+        fixture: &Path,
+        partitioner: Option<Arc<dyn tessera_core::inventory::MigPartitioner>>,
+        poll: Duration,
+    ) -> Self {
         let config = Config {
             node: NODE.into(),
             registry_dir: dirs.join("plugins_registry"),
@@ -121,7 +132,7 @@ impl Plugin {
             cdi_dir: dirs.join("cdi"),
             state_dir: dirs.join("state"),
             memory_unit_mib: 1024,
-            poll: Duration::from_millis(100),
+            poll,
             partitioner,
             cdi_wait: Duration::from_secs(5),
             grants_dir: dirs.join("grants"),
@@ -554,6 +565,59 @@ fn cdi_generator(fixture: PathBuf, cdi: PathBuf) -> tokio::task::JoinHandle<()> 
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
+}
+
+/// An instance made since the plugin last read the cards (another claim's prepare a moment
+/// ago) is in the way of an overlapping placement like any other: the prepare waits for its
+/// claim's unprepare and then refuses, rather than asking the card and failing at once.
+#[tokio::test]
+async fn an_instance_made_since_the_cards_were_read_is_seen_in_the_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = dir.path().join("node.yaml");
+    std::fs::write(
+        &fixture,
+        tessera_core::inventory::Fixture::builtin_text("a100-dynamic-mig").unwrap(),
+    )
+    .unwrap();
+    let parts = Arc::new(Instances {
+        inner: tessera_core::inventory::FixtureMigInstances::new(&fixture),
+        created: Mutex::new(0),
+        refuse_destroy: false.into(),
+    });
+    let claims = Arc::new(FakeClaims::default());
+    let generator = cdi_generator(fixture.clone(), dir.path().join("cdi"));
+    // The cards are read once, as the plugin starts.
+    let plugin = Plugin::start_polling(
+        dir.path(),
+        claims.clone(),
+        &fixture,
+        Some(parts.clone()),
+        Duration::from_secs(3600),
+    );
+    let mut client = DraPluginClient::new(channel(dir.path().join("plugins/gpu.tessera.io/dra.sock")).await);
+    claims.set(allocated("a", "u-a", "gpu-0-mig-3g-20gb-at-4", &[]));
+    let mut got = prepare(&mut client, &[claim_ref("a", "u-a")]).await;
+    for _ in 0..100 {
+        if got["u-a"].error.is_empty() {
+            break;
+        }
+        // The plugin's first reading of the cards may not be done yet.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        got = prepare(&mut client, &[claim_ref("a", "u-a")]).await;
+    }
+    assert_eq!(got["u-a"].error, "");
+    claims.set(allocated("b", "u-b", "gpu-0-mig-1g-5gb-at-5", &[]));
+    let t = std::time::Instant::now();
+    let got = prepare(&mut client, &[claim_ref("b", "u-b")]).await;
+    assert!(
+        got["u-b"].error.contains("are taken by MIG instance"),
+        "{}",
+        got["u-b"].error
+    );
+    assert!(t.elapsed() >= Duration::from_millis(2400), "{:?}", t.elapsed());
+    assert_eq!(*parts.created.lock().unwrap(), 1);
+    plugin.stop().await;
+    generator.abort();
 }
 
 #[tokio::test]

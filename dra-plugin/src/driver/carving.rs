@@ -177,11 +177,10 @@ impl Preparer {
         };
         let mut card = inv.gpu_by_uuid(&plan.parent_uuid).ok_or(CarveError::CardGone)?;
         // The inventory is the last poll's: an instance in the way may have gone since (an
-        // unprepare destroyed it), so the card is read again before refusing.
+        // unprepare destroyed it), and one made since (another claim's prepare a moment ago)
+        // is not in it, so the card is read again where it can be.
         let fresh;
-        if in_the_way(card).is_some()
-            && let Some(now) = self.read_card(&plan.parent_uuid)
-        {
+        if let Some(now) = self.read_card(&plan.parent_uuid) {
             fresh = now;
             card = &fresh;
         }
