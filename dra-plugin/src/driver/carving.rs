@@ -5,9 +5,14 @@
 use tessera_core::dra::{self, Carve, PreparedClaim};
 use tessera_core::handoff::AllocatedDevice;
 use tessera_core::inventory::{Gpu, InventorySource, MadeInstance, NodeInventory};
+use tessera_node::dirwatch::DirWatch;
 use tracing::{info, warn};
 
 use super::{CarveError, ClaimError, Preparer};
+
+/// How often a prepare that waits for the CDI generator reads the CDI directory, beside each
+/// change the kernel tells of.
+const CDI_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Preparer {
     /// The MIG instances Tessera created and claims hold (or are being created for one).
@@ -151,8 +156,12 @@ impl Preparer {
     /// Waits until the node's CDI spec lists every MIG instance in `uuids`, at most until
     /// `since` (when the kubelet asked) and the wait the plugin was given; the error names
     /// those it does not.
+    ///
+    /// The CDI directory is read again as soon as a file in it changes (the kernel tells), and
+    /// every [`CDI_RECHECK`] in any case.
     pub async fn wait_for_cdi(&self, uuids: &[String], since: tokio::time::Instant) -> Result<(), Vec<String>> {
         let deadline = since + self.cdi_wait;
+        let (mut watch, mut tried) = (None, false);
         loop {
             let missing: Vec<String> = uuids.iter().filter(|u| !self.cdi_lists(u)).cloned().collect();
             if missing.is_empty() {
@@ -161,7 +170,27 @@ impl Preparer {
             if tokio::time::Instant::now() >= deadline {
                 return Err(missing);
             }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            if !tried {
+                tried = true;
+                // Watched from now on, then read again: a spec written in between is seen.
+                match DirWatch::new(std::slice::from_ref(&self.cdi_dir)) {
+                    Ok(w) => {
+                        watch = Some(w);
+                        continue;
+                    }
+                    Err(e) => warn!(error = %e, "the CDI directory is read every 0.1 s instead"),
+                }
+            }
+            let changed = async {
+                match watch.as_mut() {
+                    Some(w) => drop(w.changed().await),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(CDI_RECHECK) => {}
+                () = changed => {}
+            }
         }
     }
 
