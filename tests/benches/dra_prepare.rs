@@ -2,7 +2,9 @@
 //! (one claim per call, over the plugin's Unix socket), with claims, namespaces and the node
 //! read from the fake API server: per-claim latency for whole cards and for shares by
 //! consumable capacity on the 8-GPU fixture, against a no-op plugin on the same transport, and
-//! how a prepare grows with the claims already prepared on the node.
+//! how a prepare grows with the claims already prepared on the node; and a claim of a MIG
+//! instance made for it (dynamic MIG), on a fixture A100 node whose instances the real CDI
+//! generator lists, until the kubelet is told.
 //! Run: `cargo bench -p tessera-tests --bench dra_prepare`.
 
 use std::path::{Path, PathBuf};
@@ -11,8 +13,10 @@ use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
 use serde_json::json;
+use tessera_cdi_generator::daemon::DaemonConfig;
+use tessera_cdi_generator::spec::SpecOptions;
 use tessera_core::dra::DRIVER;
-use tessera_core::inventory::FixtureSource;
+use tessera_core::inventory::{FixtureMigInstances, FixtureSource};
 use tessera_dra_plugin::driver::ApiClaims;
 use tessera_dra_plugin::service::{self, Config};
 use tessera_proto::dra as api;
@@ -28,6 +32,10 @@ const NAMESPACE: &str = "team-a";
 const ROUNDS: usize = 200;
 /// Shares prepared together for the growth figure: 8 cards x 10 shares of 10% + 8 GiB.
 const SHARES: usize = 80;
+/// Claims of a 1g.5gb instance made for each: the fixture's 2 A100s x 7 placements.
+const CARVES: usize = 14;
+/// Rounds of the carve measurement (each prepares and unprepares every one of [`CARVES`]).
+const CARVE_ROUNDS: usize = 3;
 
 fn quantile(v: &mut [Duration], q: f64) -> Duration {
     v.sort();
@@ -144,6 +152,79 @@ fn line(what: &str, v: &mut [Duration], base: Duration) {
     );
 }
 
+/// A claim of a 1g.5gb MIG instance at placement `i % 7` of the fixture A100 `i / 7`.
+fn carve_claim(i: usize) -> serde_json::Value {
+    claim(
+        &format!("carve-{i}"),
+        &format!("gpu-{}-mig-1g-5gb-at-{}", i / 7, i % 7),
+        None,
+    )
+}
+
+/// Prepares and unprepares [`CARVES`] claims of a MIG instance each, [`CARVE_ROUNDS`] times, on
+/// a fixture A100 node (in `dir`) whose instances the DRA plugin makes and the CDI generator
+/// lists as it does on a node (woken by the claim markers in the CDI directory): how long the
+/// kubelet waits for each, instance made and listed.
+async fn carves(dir: &Path, api: &FakeApiServer) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    std::fs::create_dir_all(dir.join("cdi"))?;
+    let fixture = dir.join("node.yaml");
+    std::fs::write(
+        &fixture,
+        tessera_core::inventory::Fixture::builtin_text("a100-dynamic-mig").unwrap_or_default(),
+    )?;
+    let generator = tokio::spawn(tessera_cdi_generator::daemon::run(
+        Box::new(FixtureSource::new(&fixture)),
+        // A node's generator watches the CDI directory alone (no file stands for its cards).
+        vec![dir.join("cdi")],
+        DaemonConfig {
+            cdi_dir: dir.join("cdi"),
+            spec: SpecOptions::default(),
+            interval: Duration::from_secs(30),
+            node_name: None,
+            bundle: None,
+            check_host_paths: None,
+            share_memory: None,
+        },
+    ));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let plugin = tokio::spawn(service::run(
+        Config {
+            partitioner: Some(Arc::new(FixtureMigInstances::new(&fixture))),
+            cdi_wait: tessera_dra_plugin::driver::CDI_WAIT,
+            ..config(dir)
+        },
+        Arc::new(FixtureSource::new(&fixture)),
+        Arc::new(ApiClaims(api.client()?)),
+        None,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let mut client = DraPluginClient::new(channel(dir.join("plugins").join(DRIVER).join("dra.sock")).await?);
+    let started = Instant::now();
+    while call(&mut client, "carve-0", true).await.is_err() {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "the plugin never prepared a carve"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    call(&mut client, "carve-0", false).await?;
+    let (mut made, mut gone) = (Vec::new(), Vec::new());
+    for _ in 0..CARVE_ROUNDS {
+        for i in 0..CARVES {
+            made.push(call(&mut client, &format!("carve-{i}"), true).await?);
+        }
+        for i in 0..CARVES {
+            gone.push(call(&mut client, &format!("carve-{i}"), false).await?);
+        }
+    }
+    let _ = stop.send(());
+    plugin.await??;
+    generator.abort();
+    Ok((made, gone))
+}
+
 fn config(dir: &Path) -> Config {
     Config {
         node: NODE.into(),
@@ -174,6 +255,9 @@ async fn main() -> anyhow::Result<()> {
             &format!("gpu-{}", i % 8),
             Some(("10", "8Gi")),
         ))?;
+    }
+    for i in 0..CARVES {
+        api.create_object(&carve_claim(i))?;
     }
 
     // The no-op plugin on a socket of its own.
@@ -228,7 +312,7 @@ async fn main() -> anyhow::Result<()> {
             whole_un.push(call(&mut client, &format!("whole-{i}"), false).await?);
         }
     }
-    let (mut first, mut last, mut share_un) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut first, mut second, mut last, mut share_un) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut all = Vec::new();
     for round in 0..4 {
         for i in 0..SHARES {
@@ -237,6 +321,8 @@ async fn main() -> anyhow::Result<()> {
                 all.push(t);
                 if i < 8 {
                     first.push(t);
+                } else if i < 16 {
+                    second.push(t);
                 } else if i >= SHARES - 8 {
                     last.push(t);
                 }
@@ -260,9 +346,17 @@ async fn main() -> anyhow::Result<()> {
         base_p50,
     );
     line("  the first 8 (node empty)", &mut first, base_p50);
+    line("  the next 8 (8 prepared)", &mut second, base_p50);
     line(&format!("  the last 8 ({} prepared)", SHARES - 8), &mut last, base_p50);
     line("unprepare, share", &mut share_un, base_p50);
     let _ = stop.send(());
     plugin.await??;
+    let (mut made, mut gone) = carves(&dir.path().join("carve"), &api).await?;
+    line(
+        &format!("prepare, 1g.5gb made for it ({CARVES} on 2 A100s)"),
+        &mut made,
+        base_p50,
+    );
+    line("unprepare, the instance destroyed", &mut gone, base_p50);
     Ok(())
 }
