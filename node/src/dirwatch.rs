@@ -9,7 +9,9 @@
 //! Files are watched through their directory: the agents replace a file by renaming a new one
 //! over it, which a watch on the old file would not see. Names beginning with a dot are left
 //! out: they are the writers' temporary files ([`tessera_core::files::write_atomic`]), whose
-//! rename into place is what is told.
+//! rename into place is what is told. Not told: an entry created and not yet written, and a
+//! file that is a link swapped in its directory (a ConfigMap volume's): readers that must see
+//! those keep a slower check of their own beside the watch.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -38,6 +40,15 @@ impl AsRawFd for Fd {
     }
 }
 
+/// A change [`DirWatch::changed`] tells of.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Change {
+    /// The entry changed (a watched directory itself where the names were lost).
+    pub path: PathBuf,
+    /// Whether it went (removed, or renamed away) rather than was written or renamed in.
+    pub gone: bool,
+}
+
 /// Watches files and directories for changes; made and read within a Tokio runtime.
 pub struct DirWatch {
     fd: AsyncFd<Fd>,
@@ -54,8 +65,8 @@ impl std::fmt::Debug for DirWatch {
 }
 
 impl DirWatch {
-    /// Watches `paths`: a directory for any entry in it, anything else (a file, or a name not
-    /// there yet) for that name in its directory, which must exist.
+    /// Watches `paths`: a directory for any entry in it, a file for that name in its
+    /// directory. Each must exist.
     pub fn new(paths: &[PathBuf]) -> io::Result<Self> {
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
         let mut watches = HashMap::new();
@@ -63,6 +74,12 @@ impl DirWatch {
             let (dir, only) = if path.is_dir() {
                 (path.clone(), None)
             } else {
+                if !path.exists() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("{}: not there to watch", path.display()),
+                    ));
+                }
                 let name = path.file_name().ok_or_else(|| {
                     io::Error::new(
                         io::ErrorKind::InvalidInput,
@@ -102,18 +119,25 @@ impl DirWatch {
         self.paths.clone()
     }
 
-    /// Waits until something watched changes: the paths changed since the last call (each
+    /// Waits until something watched changes: the entries changed since the last call (each
     /// once), or every path watched when the kernel's queue overflowed and the names were lost.
+    /// An error where a watched directory went (removed, or its file system unmounted): nothing
+    /// more is told of it.
     ///
     /// Cancel safe: a change read is returned by the same call, with no wait in between.
-    pub async fn changed(&mut self) -> io::Result<Vec<PathBuf>> {
+    pub async fn changed(&mut self) -> io::Result<Vec<Change>> {
         loop {
             let mut ready = self.fd.readable().await?;
             let mut out = Vec::new();
+            let mut lost = None;
             loop {
                 match ready.get_inner().0.read_events() {
                     Ok(events) => {
                         for e in events {
+                            if e.mask.contains(AddWatchFlags::IN_IGNORED) {
+                                lost = self.watches.remove(&e.wd).map(|(dir, _)| dir).or(lost);
+                                continue;
+                            }
                             self.note(e.wd, e.mask, e.name, &mut out);
                         }
                     }
@@ -125,6 +149,12 @@ impl DirWatch {
                     Err(e) => return Err(e.into()),
                 }
             }
+            if let Some(dir) = lost {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{}: no longer watched (removed or unmounted)", dir.display()),
+                ));
+            }
             if !out.is_empty() {
                 out.sort();
                 out.dedup();
@@ -133,12 +163,18 @@ impl DirWatch {
         }
     }
 
-    fn note(&self, wd: WatchDescriptor, mask: AddWatchFlags, name: Option<OsString>, out: &mut Vec<PathBuf>) {
+    fn note(&self, wd: WatchDescriptor, mask: AddWatchFlags, name: Option<OsString>, out: &mut Vec<Change>) {
         if mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
             for (dir, names) in self.watches.values() {
                 match names {
-                    Some(names) => out.extend(names.iter().map(|n| dir.join(n))),
-                    None => out.push(dir.clone()),
+                    Some(names) => out.extend(names.iter().map(|n| Change {
+                        path: dir.join(n),
+                        gone: false,
+                    })),
+                    None => out.push(Change {
+                        path: dir.clone(),
+                        gone: false,
+                    }),
                 }
             }
             return;
@@ -149,7 +185,10 @@ impl DirWatch {
         if name.as_bytes().starts_with(b".") || only.as_ref().is_some_and(|names| !names.contains(&name)) {
             return;
         }
-        out.push(dir.join(name));
+        out.push(Change {
+            path: dir.join(name),
+            gone: mask.intersects(AddWatchFlags::IN_DELETE | AddWatchFlags::IN_MOVED_FROM),
+        });
     }
 }
 
@@ -160,11 +199,25 @@ mod tests {
     use super::*;
 
     /// The next change within a second, or `None`.
-    async fn next(w: &mut DirWatch) -> Option<Vec<PathBuf>> {
+    async fn next(w: &mut DirWatch) -> Option<Vec<Change>> {
         tokio::time::timeout(Duration::from_secs(1), w.changed())
             .await
             .ok()
             .map(Result::unwrap)
+    }
+
+    fn written(path: &Path) -> Option<Vec<Change>> {
+        Some(vec![Change {
+            path: path.to_path_buf(),
+            gone: false,
+        }])
+    }
+
+    fn gone(path: &Path) -> Option<Vec<Change>> {
+        Some(vec![Change {
+            path: path.to_path_buf(),
+            gone: true,
+        }])
     }
 
     #[tokio::test]
@@ -173,9 +226,9 @@ mod tests {
         let mut w = DirWatch::new(&[dir.path().to_path_buf()]).unwrap();
         let path = dir.path().join("tessera.io-claim-a.json");
         tessera_core::files::write_atomic(dir.path(), &path, b"{}", 0o755, 0o644).unwrap();
-        assert_eq!(next(&mut w).await, Some(vec![path.clone()]));
+        assert_eq!(next(&mut w).await, written(&path));
         std::fs::remove_file(&path).unwrap();
-        assert_eq!(next(&mut w).await, Some(vec![path]));
+        assert_eq!(next(&mut w).await, gone(&path));
         std::fs::write(dir.path().join(".only-a-temporary"), b"x").unwrap();
         assert_eq!(next(&mut w).await, None);
     }
@@ -189,16 +242,36 @@ mod tests {
         std::fs::write(dir.path().join("other.yaml"), b"b").unwrap();
         assert_eq!(next(&mut w).await, None);
         tessera_core::files::write_atomic(dir.path(), &path, b"c", 0o755, 0o644).unwrap();
-        assert_eq!(next(&mut w).await, Some(vec![path.clone()]));
+        assert_eq!(next(&mut w).await, written(&path));
         std::fs::write(&path, b"d").unwrap();
-        assert_eq!(next(&mut w).await, Some(vec![path]));
+        assert_eq!(next(&mut w).await, written(&path));
+    }
+
+    /// A watched directory that goes is an error (its readers fall back to their own check),
+    /// not a watch that waits for ever.
+    #[tokio::test]
+    async fn a_watched_directory_that_goes_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let cdi = dir.path().join("cdi");
+        std::fs::create_dir(&cdi).unwrap();
+        let mut w = DirWatch::new(std::slice::from_ref(&cdi)).unwrap();
+        std::fs::remove_dir(&cdi).unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(1), w.changed())
+            .await
+            .expect("not told that the directory went")
+            .unwrap_err();
+        assert!(e.to_string().contains("cdi: no longer watched"), "{e}");
     }
 
     #[tokio::test]
-    async fn a_directory_that_is_not_there_is_an_error_naming_it() {
+    async fn a_path_that_is_not_there_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
-        let missing = dir.path().join("no-such-dir").join("spec.json");
-        let e = DirWatch::new(&[missing]).unwrap_err();
-        assert!(e.to_string().contains("no-such-dir"), "{e}");
+        for missing in [
+            dir.path().join("no-such-dir").join("spec.json"),
+            dir.path().join("no-such-dir"),
+        ] {
+            let e = DirWatch::new(std::slice::from_ref(&missing)).unwrap_err();
+            assert!(e.to_string().contains("no-such-dir"), "{e}");
+        }
     }
 }
