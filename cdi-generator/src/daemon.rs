@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use tessera_core::inventory::{InventorySource, NodeInventory};
-use tessera_node::dirwatch::DirWatch;
+use tessera_node::dirwatch::{Change, DirWatch};
 use tracing::{error, info, warn};
 
 use crate::spec::{self, CdiSpec, SpecOptions};
@@ -158,68 +158,93 @@ fn log_driver(inventory: &NodeInventory, last: &mut Option<(PathBuf, String, usi
     }
 }
 
-/// How often watched paths' modification times are compared where the kernel cannot tell
-/// of their changes.
+/// How often the watched paths' modification times are compared.
 const MTIME_CHECK: Duration = Duration::from_millis(500);
 
-/// What wakes the loop between polls: a change of a watched path (other than the spec this
-/// generator writes), told by the kernel, or seen in the paths' modification times every
-/// [`MTIME_CHECK`] where it cannot be told (no inotify instance left to the user).
-enum Changes {
-    Nothing,
-    Told {
-        watch: DirWatch,
-        own: PathBuf,
-    },
-    Polled {
-        paths: Vec<PathBuf>,
-        last: Option<Vec<Option<SystemTime>>>,
-    },
+/// What wakes the loop between polls: a change the kernel tells of at once (a claim's marker
+/// in the CDI directory only where a card can have instances made: no other marker changes the
+/// cards; the spec this generator writes not at all, though its removal does), and a change
+/// of the paths' modification times, compared every [`MTIME_CHECK`] beside it (what the
+/// kernel does not tell of: a watch that could not be made or went, a fixture swapped by a
+/// link).
+struct Changes {
+    paths: Vec<PathBuf>,
+    /// `None` where the kernel does not tell.
+    watch: Option<DirWatch>,
+    /// The paths' modification times at the last check.
+    last: Option<Vec<Option<SystemTime>>>,
+    cdi_dir: PathBuf,
 }
 
 impl Changes {
-    fn new(paths: Vec<PathBuf>, own: PathBuf) -> Self {
-        if paths.is_empty() {
-            return Self::Nothing;
-        }
-        match DirWatch::new(&paths) {
-            Ok(watch) => Self::Told { watch, own },
-            Err(e) => {
-                warn!(error = %e, "watched paths are checked every 0.5 s instead");
-                Self::Polled { paths, last: None }
-            }
+    fn new(paths: Vec<PathBuf>, cdi_dir: PathBuf) -> Self {
+        let watch = if paths.is_empty() {
+            None
+        } else {
+            DirWatch::new(&paths)
+                .map_err(|e| warn!(error = %e, "changes are seen every 0.5 s, not at once"))
+                .ok()
+        };
+        Self {
+            paths,
+            watch,
+            last: None,
+            cdi_dir,
         }
     }
 
-    /// Waits for a change; forever where nothing is watched. Cancel safe.
-    async fn next(&mut self) {
-        if let Self::Told { watch, own } = self {
+    /// Waits for a change (where a card is `carvable`, claims' markers count); forever where
+    /// nothing is watched. Cancel safe.
+    async fn next(&mut self, carvable: bool) {
+        if self.paths.is_empty() {
+            return std::future::pending().await;
+        }
+        let Self {
+            paths,
+            watch,
+            last,
+            cdi_dir,
+        } = self;
+        let own = cdi_dir.join(writer::SPEC_FILE);
+        let counts = |c: &Change| {
+            if c.path == own {
+                c.gone
+            } else if c.path == *cdi_dir || c.path.parent() == Some(cdi_dir.as_path()) {
+                carvable
+            } else {
+                true
+            }
+        };
+        let told = async {
+            let Some(w) = watch.as_mut() else {
+                return std::future::pending().await;
+            };
             loop {
-                match watch.changed().await {
-                    Ok(paths) if paths.iter().any(|p| p != own) => return,
-                    Ok(_) => {}
-                    Err(e) => {
-                        warn!(error = %e, "watched paths are checked every 0.5 s instead");
-                        let paths = watch.paths();
-                        *self = Self::Polled { paths, last: None };
-                        return;
-                    }
+                if w.changed().await?.iter().any(counts) {
+                    return Ok::<_, std::io::Error>(());
                 }
             }
-        }
-        let Self::Polled { paths, last } = self else {
-            return std::future::pending().await;
         };
-        loop {
-            tokio::time::sleep(MTIME_CHECK).await;
-            let now: Vec<_> = paths
-                .iter()
-                .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-                .collect();
-            if last.as_ref() != Some(&now) {
-                *last = Some(now);
-                return;
+        let checked = async {
+            loop {
+                tokio::time::sleep(MTIME_CHECK).await;
+                let now: Vec<_> = paths
+                    .iter()
+                    .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+                    .collect();
+                if last.as_ref() != Some(&now) {
+                    *last = Some(now);
+                    return;
+                }
             }
+        };
+        let lost = tokio::select! {
+            r = told => r.err(),
+            () = checked => None,
+        };
+        if let Some(e) = lost {
+            warn!(error = %e, "changes are seen every 0.5 s, not at once");
+            self.watch = None;
         }
     }
 }
@@ -247,19 +272,22 @@ pub async fn run(
     if let Err(e) = std::fs::create_dir_all(&config.cdi_dir) {
         warn!(dir = %config.cdi_dir.display(), error = %e, "cannot create the CDI directory");
     }
-    let mut changes = Changes::new(watch, config.cdi_dir.join(writer::SPEC_FILE));
+    let mut changes = Changes::new(watch, config.cdi_dir.clone());
+    // Until the cards are read, any marker may matter.
+    let mut carvable = true;
     let mut driver_seen = None;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
-            () = changes.next() => {}
+            () = changes.next(carvable) => {}
             _ = term.recv() => { info!("SIGTERM: exiting"); return Ok(()); }
             _ = tokio::signal::ctrl_c() => { info!("interrupted: exiting"); return Ok(()); }
         }
         match generator.refresh(source.as_ref(), &config) {
             Ok(Refresh { inventory, spec }) => {
                 log_driver(&inventory, &mut driver_seen);
+                carvable = inventory.gpus.iter().any(tessera_core::dra::carvable);
                 match spec {
                     Ok(g) if g.outcome == WriteOutcome::Written => {
                         info!(added = ?g.added, removed = ?g.removed, dir = %config.cdi_dir.display(), "CDI spec written");
@@ -306,30 +334,63 @@ pub async fn run(
 mod tests {
     use super::*;
 
-    /// Whether `changes` wakes within half a second.
-    async fn wakes(changes: &mut Changes) -> bool {
-        tokio::time::timeout(Duration::from_millis(500), changes.next())
+    /// Whether `changes` wakes within 0.4 s (before its modification-time check).
+    async fn wakes(changes: &mut Changes, carvable: bool) -> bool {
+        tokio::time::timeout(Duration::from_millis(400), changes.next(carvable))
             .await
             .is_ok()
     }
 
-    /// A claim's marker wakes the generator at once (not at the next check), and the spec the
-    /// generator writes itself does not wake it again.
+    /// A claim's marker wakes the generator at once where a card is carvable, and the spec the
+    /// generator writes itself does not wake it; its removal by someone else does.
     #[tokio::test]
-    async fn a_marker_wakes_the_loop_and_its_own_spec_does_not() {
+    async fn a_marker_wakes_the_loop_at_once_and_its_own_spec_does_not() {
         let dir = tempfile::tempdir().unwrap();
-        let own = dir.path().join(writer::SPEC_FILE);
-        let mut changes = Changes::new(vec![dir.path().to_path_buf()], own.clone());
-        assert!(matches!(changes, Changes::Told { .. }), "inotify is not available here");
+        let mut changes = Changes::new(vec![dir.path().to_path_buf()], dir.path().to_path_buf());
+        assert!(changes.watch.is_some(), "inotify is not available here");
+        // The first check of the modification times sees them as new.
+        assert!(!wakes(&mut changes, true).await);
+        changes.next(true).await;
         writer::write_spec(dir.path(), writer::SPEC_FILE, "{}").unwrap();
-        assert!(!wakes(&mut changes).await, "woken by its own spec");
+        assert!(!wakes(&mut changes, true).await, "woken at once by its own spec");
+        changes.next(true).await;
         let marker = dir.path().join("tessera.io-claim-u.json");
         tessera_core::files::write_atomic(dir.path(), &marker, b"{}", 0o755, 0o644).unwrap();
-        let t = std::time::Instant::now();
-        assert!(wakes(&mut changes).await, "not woken by a claim's marker");
-        // Checked every MTIME_CHECK, a change is seen a quarter of a second late on average.
-        assert!(t.elapsed() < Duration::from_millis(200), "{:?}", t.elapsed());
-        std::fs::remove_file(&marker).unwrap();
-        assert!(wakes(&mut changes).await, "not woken by a marker's removal");
+        assert!(wakes(&mut changes, true).await, "not woken at once by a claim's marker");
+        std::fs::remove_file(dir.path().join(writer::SPEC_FILE)).unwrap();
+        assert!(
+            wakes(&mut changes, true).await,
+            "not woken at once by its spec's removal"
+        );
+    }
+
+    /// Where no card can have instances made, markers do not wake the generator at once (they
+    /// cannot change the cards); the modification times are still compared.
+    #[tokio::test]
+    async fn markers_wait_for_the_check_where_no_card_is_carvable() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut changes = Changes::new(vec![dir.path().to_path_buf()], dir.path().to_path_buf());
+        changes.next(false).await;
+        let marker = dir.path().join("tessera.io-claim-u.json");
+        tessera_core::files::write_atomic(dir.path(), &marker, b"{}", 0o755, 0o644).unwrap();
+        assert!(!wakes(&mut changes, false).await, "woken at once by a marker");
+        changes.next(false).await;
+    }
+
+    /// A watched directory that goes leaves the modification-time check, which sees it back.
+    #[tokio::test]
+    async fn a_cdi_directory_made_again_is_still_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let cdi = dir.path().join("cdi");
+        std::fs::create_dir(&cdi).unwrap();
+        let mut changes = Changes::new(vec![cdi.clone()], cdi.clone());
+        changes.next(true).await;
+        std::fs::remove_dir(&cdi).unwrap();
+        changes.next(true).await;
+        assert!(changes.watch.is_none(), "still waiting on a watch that went");
+        std::fs::create_dir(&cdi).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), changes.next(true))
+            .await
+            .expect("the directory made again is not seen");
     }
 }
