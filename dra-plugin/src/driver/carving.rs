@@ -14,6 +14,14 @@ use super::{CarveError, ClaimError, Preparer};
 /// change the kernel tells of.
 const CDI_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// Says, once per process, that the CDI directory is not watched (each wait makes its watch).
+fn unwatched(e: &std::io::Error) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        warn!(error = %e, "the CDI directory is not watched: a wait for a MIG instance's CDI entry reads it every 0.1 s");
+    }
+}
+
 impl Preparer {
     /// The MIG instances Tessera created and claims hold (or are being created for one).
     pub fn carved(&self) -> Vec<Carve> {
@@ -158,7 +166,7 @@ impl Preparer {
     /// those it does not.
     ///
     /// The CDI directory is read again as soon as a file in it changes (the kernel tells), and
-    /// every [`CDI_RECHECK`] in any case.
+    /// every 0.1 s in any case.
     pub async fn wait_for_cdi(&self, uuids: &[String], since: tokio::time::Instant) -> Result<(), Vec<String>> {
         let deadline = since + self.cdi_wait;
         let (mut watch, mut tried) = (None, false);
@@ -178,18 +186,22 @@ impl Preparer {
                         watch = Some(w);
                         continue;
                     }
-                    Err(e) => warn!(error = %e, "the CDI directory is read every 0.1 s instead"),
+                    Err(e) => unwatched(&e),
                 }
             }
             let changed = async {
                 match watch.as_mut() {
-                    Some(w) => drop(w.changed().await),
+                    Some(w) => w.changed().await.err(),
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
-                () = tokio::time::sleep(CDI_RECHECK) => {}
-                () = changed => {}
+            let lost = tokio::select! {
+                () = tokio::time::sleep(CDI_RECHECK) => None,
+                e = changed => e,
+            };
+            if let Some(e) = lost {
+                unwatched(&e);
+                watch = None;
             }
         }
     }
@@ -209,7 +221,7 @@ impl Preparer {
         // unprepare destroyed it), and one made since (another claim's prepare a moment ago)
         // is not in it, so the card is read again where it can be.
         let fresh;
-        if let Some(now) = self.read_card(&plan.parent_uuid) {
+        if let Some(now) = self.read_card(&plan.parent_uuid)? {
             fresh = now;
             card = &fresh;
         }
@@ -245,10 +257,25 @@ impl Preparer {
         Ok(m)
     }
 
-    /// Card `uuid` as the node's cards are now, where they can be read.
-    fn read_card(&self, uuid: &str) -> Option<Gpu> {
-        let inv = self.source.as_ref()?.discover().ok()?;
-        inv.gpus.into_iter().find(|g| g.uuid == uuid)
+    /// Card `uuid` as the node's cards are now; `None` where they cannot be read (no source
+    /// given, or the reading failed: the last poll's stands), and an error where the card is
+    /// no longer there.
+    fn read_card(&self, uuid: &str) -> Result<Option<Gpu>, CarveError> {
+        let Some(source) = self.source.as_ref() else {
+            return Ok(None);
+        };
+        match source.discover() {
+            Ok(inv) => inv
+                .gpus
+                .into_iter()
+                .find(|g| g.uuid == uuid)
+                .map(Some)
+                .ok_or(CarveError::CardGone),
+            Err(e) => {
+                warn!(card = uuid, error = %e, "cannot read the cards before making a MIG instance: the last reading stands");
+                Ok(None)
+            }
+        }
     }
 
     /// Destroys what a prepare of claim `uid` that failed made (`made`, also where the ledger
