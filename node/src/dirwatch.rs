@@ -247,6 +247,27 @@ mod tests {
         assert_eq!(next(&mut w).await, written(&path));
     }
 
+    /// Paths in one directory share its watch: two files there are told and a third is not;
+    /// with the directory itself watched too, every name is.
+    #[tokio::test]
+    async fn paths_in_one_directory_share_its_watch() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, c) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("c"));
+        for p in [&a, &b] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        let mut w = DirWatch::new(&[a.clone(), b.clone()]).unwrap();
+        std::fs::write(&c, b"x").unwrap();
+        assert_eq!(next(&mut w).await, None);
+        std::fs::write(&b, b"y").unwrap();
+        assert_eq!(next(&mut w).await, written(&b));
+        std::fs::write(&a, b"y").unwrap();
+        assert_eq!(next(&mut w).await, written(&a));
+        let mut w = DirWatch::new(&[a.clone(), dir.path().to_path_buf()]).unwrap();
+        std::fs::write(&c, b"y").unwrap();
+        assert_eq!(next(&mut w).await, written(&c));
+    }
+
     /// A watched directory that goes is an error (its readers fall back to their own check),
     /// not a watch that waits for ever.
     #[tokio::test]
