@@ -567,13 +567,9 @@ fn cdi_generator(fixture: PathBuf, cdi: PathBuf) -> tokio::task::JoinHandle<()> 
     })
 }
 
-/// An instance made since the plugin last read the cards (another claim's prepare a moment
-/// ago) is in the way of an overlapping placement like any other: the prepare waits for its
-/// claim's unprepare and then refuses, rather than asking the card and failing at once.
-#[tokio::test]
-async fn an_instance_made_since_the_cards_were_read_is_seen_in_the_way() {
-    let dir = tempfile::tempdir().unwrap();
-    let fixture = dir.path().join("node.yaml");
+/// The fixture A100 node of dynamic MIG in `dir` (its file), and what makes its instances.
+fn dynamic_mig_node(dir: &Path) -> (PathBuf, Arc<Instances>) {
+    let fixture = dir.join("node.yaml");
     std::fs::write(
         &fixture,
         tessera_core::inventory::Fixture::builtin_text("a100-dynamic-mig").unwrap(),
@@ -584,6 +580,35 @@ async fn an_instance_made_since_the_cards_were_read_is_seen_in_the_way() {
         created: Mutex::new(0),
         refuse_destroy: false.into(),
     });
+    (fixture, parts)
+}
+
+/// Claim u-b, a 1g.5gb over memory slice 5 of card 0 where u-a's 3g.20gb at 4 is: refused
+/// after waiting for u-a's unprepare (half the CDI wait), nothing more made.
+async fn an_overlap_of_u_a_waits_and_is_refused(
+    client: &mut DraPluginClient<Channel>,
+    claims: &FakeClaims,
+    parts: &Instances,
+) {
+    claims.set(allocated("b", "u-b", "gpu-0-mig-1g-5gb-at-5", &[]));
+    let t = std::time::Instant::now();
+    let got = prepare(client, &[claim_ref("b", "u-b")]).await;
+    assert!(
+        got["u-b"].error.contains("are taken by MIG instance"),
+        "{}",
+        got["u-b"].error
+    );
+    assert!(t.elapsed() >= Duration::from_millis(2400), "{:?}", t.elapsed());
+    assert_eq!(*parts.created.lock().unwrap(), 1);
+}
+
+/// An instance made since the plugin last read the cards (another claim's prepare a moment
+/// ago) is in the way of an overlapping placement like any other: the prepare waits for its
+/// claim's unprepare and then refuses, rather than asking the card and failing at once.
+#[tokio::test]
+async fn an_instance_made_since_the_cards_were_read_is_seen_in_the_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fixture, parts) = dynamic_mig_node(dir.path());
     let claims = Arc::new(FakeClaims::default());
     let generator = cdi_generator(fixture.clone(), dir.path().join("cdi"));
     // The cards are read once, as the plugin starts.
@@ -606,16 +631,7 @@ async fn an_instance_made_since_the_cards_were_read_is_seen_in_the_way() {
         got = prepare(&mut client, &[claim_ref("a", "u-a")]).await;
     }
     assert_eq!(got["u-a"].error, "");
-    claims.set(allocated("b", "u-b", "gpu-0-mig-1g-5gb-at-5", &[]));
-    let t = std::time::Instant::now();
-    let got = prepare(&mut client, &[claim_ref("b", "u-b")]).await;
-    assert!(
-        got["u-b"].error.contains("are taken by MIG instance"),
-        "{}",
-        got["u-b"].error
-    );
-    assert!(t.elapsed() >= Duration::from_millis(2400), "{:?}", t.elapsed());
-    assert_eq!(*parts.created.lock().unwrap(), 1);
+    an_overlap_of_u_a_waits_and_is_refused(&mut client, &claims, &parts).await;
     plugin.stop().await;
     generator.abort();
 }
@@ -623,17 +639,7 @@ async fn an_instance_made_since_the_cards_were_read_is_seen_in_the_way() {
 #[tokio::test]
 async fn dynamic_mig_creates_an_instance_per_claim_and_destroys_it_when_done() {
     let dir = tempfile::tempdir().unwrap();
-    let fixture = dir.path().join("node.yaml");
-    std::fs::write(
-        &fixture,
-        tessera_core::inventory::Fixture::builtin_text("a100-dynamic-mig").unwrap(),
-    )
-    .unwrap();
-    let parts = Arc::new(Instances {
-        inner: tessera_core::inventory::FixtureMigInstances::new(&fixture),
-        created: Mutex::new(0),
-        refuse_destroy: false.into(),
-    });
+    let (fixture, parts) = dynamic_mig_node(dir.path());
     let claims = Arc::new(FakeClaims::default());
     let generator = cdi_generator(fixture.clone(), dir.path().join("cdi"));
     let plugin = Plugin::start_on(dir.path(), claims.clone(), &fixture, Some(parts.clone()));
@@ -664,16 +670,7 @@ async fn dynamic_mig_creates_an_instance_per_claim_and_destroys_it_when_done() {
     // A placement that overlaps it (a stale allocation): refused, nothing asked of the card,
     // nothing left.
     // It waited for u-a's unprepare first (half the CDI wait), in case the kubelet was about to.
-    claims.set(allocated("b", "u-b", "gpu-0-mig-1g-5gb-at-5", &[]));
-    let t = std::time::Instant::now();
-    let got = prepare(&mut client, &[claim_ref("b", "u-b")]).await;
-    assert!(
-        got["u-b"].error.contains("are taken by MIG instance"),
-        "{}",
-        got["u-b"].error
-    );
-    assert!(t.elapsed() >= Duration::from_millis(2400), "{:?}", t.elapsed());
-    assert_eq!(*parts.created.lock().unwrap(), 1);
+    an_overlap_of_u_a_waits_and_is_refused(&mut client, &claims, &parts).await;
     assert_eq!(instances(&fixture).len(), 1);
     assert!(plugin.store().get("u-b").unwrap().is_none());
     assert!(dra::CarveLedger::new(&dir.path().join("state")).list().0.is_empty());

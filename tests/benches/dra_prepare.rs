@@ -142,6 +142,21 @@ async fn call(client: &mut DraPluginClient<Channel>, name: &str, prepare: bool) 
     }
 }
 
+/// Prepares claim `name` once the plugin can (the node's cards are read at its first poll),
+/// then unprepares it.
+async fn first_prepare(client: &mut DraPluginClient<Channel>, name: &str) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while call(client, name, true).await.is_err() {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "the plugin never prepared {name}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    call(client, name, false).await?;
+    Ok(())
+}
+
 fn line(what: &str, v: &mut [Duration], base: Duration) {
     let (p50, p99) = (quantile(v, 0.5), quantile(v, 0.99));
     println!(
@@ -201,15 +216,7 @@ async fn carves(dir: &Path, api: &FakeApiServer) -> anyhow::Result<(Vec<Duration
         },
     ));
     let mut client = DraPluginClient::new(channel(dir.join("plugins").join(DRIVER).join("dra.sock")).await?);
-    let started = Instant::now();
-    while call(&mut client, "carve-0", true).await.is_err() {
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "the plugin never prepared a carve"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    call(&mut client, "carve-0", false).await?;
+    first_prepare(&mut client, "carve-0").await?;
     let (mut made, mut gone) = (Vec::new(), Vec::new());
     for _ in 0..CARVE_ROUNDS {
         for i in 0..CARVES {
@@ -289,16 +296,7 @@ async fn main() -> anyhow::Result<()> {
         },
     ));
     let mut client = DraPluginClient::new(channel(dir.path().join("plugins").join(DRIVER).join("dra.sock")).await?);
-    // The node's cards are read at the plugin's first poll.
-    let started = Instant::now();
-    while call(&mut client, "whole-0", true).await.is_err() {
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "the plugin never prepared a claim"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    call(&mut client, "whole-0", false).await?;
+    first_prepare(&mut client, "whole-0").await?;
 
     let (mut whole, mut whole_un) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS / 8 {
