@@ -218,10 +218,13 @@ impl Preparer {
         };
         let mut card = inv.gpu_by_uuid(&plan.parent_uuid).ok_or(CarveError::CardGone)?;
         // The inventory is the last poll's: an instance in the way may have gone since (an
-        // unprepare destroyed it), and one made since (another claim's prepare a moment ago)
-        // is not in it, so the card is read again where it can be.
+        // unprepare destroyed it), and one this plugin made since (another claim's prepare a
+        // moment ago) is not in it. The card is read again (through NVML on a node) in either
+        // case, and only then.
         let fresh;
-        if let Some(now) = self.read_card(&plan.parent_uuid)? {
+        if (in_the_way(card).is_some() || self.made_since(card))
+            && let Some(now) = self.read_card(&plan.parent_uuid)?
+        {
             fresh = now;
             card = &fresh;
         }
@@ -255,6 +258,14 @@ impl Preparer {
             warn!(uid, instance = m.uuid, error = %e, "cannot note a made MIG instance");
         }
         Ok(m)
+    }
+
+    /// Whether `card`, as last read, lacks an instance this plugin made or is making there
+    /// (the claims' records and the ledger name them): it was read before.
+    fn made_since(&self, card: &Gpu) -> bool {
+        self.carved()
+            .iter()
+            .any(|c| c.parent_uuid == card.uuid && !card.mig_devices.iter().any(|m| c.made(m)))
     }
 
     /// Card `uuid` as the node's cards are now; `None` where they cannot be read (no source
