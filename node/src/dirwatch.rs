@@ -93,7 +93,7 @@ impl DirWatch {
                 (dir.to_path_buf(), Some(name.to_os_string()))
             };
             let wd = inotify
-                .add_watch(&dir, CHANGES | AddWatchFlags::IN_ONLYDIR)
+                .add_watch(&dir, CHANGES | AddWatchFlags::IN_MOVE_SELF | AddWatchFlags::IN_ONLYDIR)
                 .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("watching {}: {e}", dir.display())))?;
             // Paths in one directory share its watch; the directory itself takes every name.
             let (_, names) = watches.entry(wd).or_insert_with(|| (dir, Some(Vec::new())));
@@ -121,8 +121,9 @@ impl DirWatch {
 
     /// Waits until something watched changes: the entries changed since the last call (each
     /// once), or every path watched when the kernel's queue overflowed and the names were lost.
-    /// An error where a watched directory went (removed, or its file system unmounted): nothing
-    /// more is told of it.
+    /// An error where a watched directory went (removed, moved, or its file system unmounted):
+    /// nothing more is told of it, and changes read with that news are not told either (take
+    /// the error as "anything may have changed").
     ///
     /// Cancel safe: a change read is returned by the same call, with no wait in between.
     pub async fn changed(&mut self) -> io::Result<Vec<Change>> {
@@ -134,7 +135,11 @@ impl DirWatch {
                 match ready.get_inner().0.read_events() {
                     Ok(events) => {
                         for e in events {
-                            if e.mask.contains(AddWatchFlags::IN_IGNORED) {
+                            // Removed or unmounted (the kernel drops the watch), or moved
+                            // (the watch would follow the directory away from its path).
+                            if e.mask
+                                .intersects(AddWatchFlags::IN_IGNORED | AddWatchFlags::IN_MOVE_SELF)
+                            {
                                 lost = self.watches.remove(&e.wd).map(|(dir, _)| dir).or(lost);
                                 continue;
                             }
@@ -152,7 +157,7 @@ impl DirWatch {
             if let Some(dir) = lost {
                 return Err(io::Error::new(
                     io::ErrorKind::NotFound,
-                    format!("{}: no longer watched (removed or unmounted)", dir.display()),
+                    format!("{}: no longer watched (removed, moved or unmounted)", dir.display()),
                 ));
             }
             if !out.is_empty() {
@@ -268,8 +273,8 @@ mod tests {
         assert_eq!(next(&mut w).await, written(&c));
     }
 
-    /// A watched directory that goes is an error (its readers fall back to their own check),
-    /// not a watch that waits for ever.
+    /// A watched directory that goes (removed, or moved away) is an error (its readers fall
+    /// back to their own check), not a watch that waits for ever.
     #[tokio::test]
     async fn a_watched_directory_that_goes_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -280,6 +285,15 @@ mod tests {
         let e = tokio::time::timeout(Duration::from_secs(1), w.changed())
             .await
             .expect("not told that the directory went")
+            .unwrap_err();
+        assert!(e.to_string().contains("cdi: no longer watched"), "{e}");
+        // Moved away: the watch would follow it, away from its path.
+        std::fs::create_dir(&cdi).unwrap();
+        let mut w = DirWatch::new(std::slice::from_ref(&cdi)).unwrap();
+        std::fs::rename(&cdi, dir.path().join("elsewhere")).unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(1), w.changed())
+            .await
+            .expect("not told that the directory moved")
             .unwrap_err();
         assert!(e.to_string().contains("cdi: no longer watched"), "{e}");
     }
