@@ -163,17 +163,25 @@ const MTIME_CHECK: Duration = Duration::from_millis(500);
 
 /// What wakes the loop between polls: a change the kernel tells of at once (a claim's marker
 /// in the CDI directory only where a card can have instances made: no other marker changes the
-/// cards; the spec this generator writes not at all, though its removal does), and a change
-/// of the paths' modification times, compared every [`MTIME_CHECK`] beside it (what the
-/// kernel does not tell of: a watch that could not be made or went, a fixture swapped by a
-/// link).
+/// cards; the spec this generator writes not at all), and a change of the paths' modification
+/// times, compared every [`MTIME_CHECK`] beside it (what the kernel does not tell of: a watch
+/// that could not be made or went, which is made again once the paths are back; a fixture
+/// swapped by a link; the spec removed by someone else).
 struct Changes {
     paths: Vec<PathBuf>,
     /// `None` where the kernel does not tell.
     watch: Option<DirWatch>,
-    /// The paths' modification times at the last check.
+    /// The paths' modification times at the last check, or as a refresh left them.
     last: Option<Vec<Option<SystemTime>>>,
     cdi_dir: PathBuf,
+}
+
+/// The modification times of `paths` (`None` for one that cannot be read).
+fn mtimes(paths: &[PathBuf]) -> Vec<Option<SystemTime>> {
+    paths
+        .iter()
+        .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .collect()
 }
 
 impl Changes {
@@ -208,7 +216,7 @@ impl Changes {
         let own = cdi_dir.join(writer::SPEC_FILE);
         let counts = |c: &Change| {
             if c.path == own {
-                c.gone
+                false
             } else if c.path == *cdi_dir || c.path.parent() == Some(cdi_dir.as_path()) {
                 carvable
             } else {
@@ -228,10 +236,7 @@ impl Changes {
         let checked = async {
             loop {
                 tokio::time::sleep(MTIME_CHECK).await;
-                let now: Vec<_> = paths
-                    .iter()
-                    .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-                    .collect();
+                let now = mtimes(paths);
                 if last.as_ref() != Some(&now) {
                     *last = Some(now);
                     return;
@@ -245,6 +250,20 @@ impl Changes {
         if let Some(e) = lost {
             warn!(error = %e, "changes are seen every 0.5 s, not at once");
             self.watch = None;
+        } else if self.watch.is_none()
+            && let Ok(w) = DirWatch::new(&self.paths)
+        {
+            info!("changes are seen at once again");
+            self.watch = Some(w);
+        }
+    }
+
+    /// Takes the paths as a refresh left them (its own spec written or removed is no change),
+    /// where the kernel tells of what counts: a change it tells of during the refresh is still
+    /// told.
+    fn settle(&mut self) {
+        if self.watch.is_some() {
+            self.last = Some(mtimes(&self.paths));
         }
     }
 }
@@ -284,7 +303,9 @@ pub async fn run(
             _ = term.recv() => { info!("SIGTERM: exiting"); return Ok(()); }
             _ = tokio::signal::ctrl_c() => { info!("interrupted: exiting"); return Ok(()); }
         }
-        match generator.refresh(source.as_ref(), &config) {
+        let refreshed = generator.refresh(source.as_ref(), &config);
+        changes.settle();
+        match refreshed {
             Ok(Refresh { inventory, spec }) => {
                 log_driver(&inventory, &mut driver_seen);
                 carvable = inventory.gpus.iter().any(tessera_core::dra::carvable);
@@ -334,15 +355,21 @@ pub async fn run(
 mod tests {
     use super::*;
 
-    /// Whether `changes` wakes within 0.4 s (before its modification-time check).
-    async fn wakes(changes: &mut Changes, carvable: bool) -> bool {
-        tokio::time::timeout(Duration::from_millis(400), changes.next(carvable))
+    /// Whether `changes` wakes within `ms` milliseconds.
+    async fn wakes_within(changes: &mut Changes, carvable: bool, ms: u64) -> bool {
+        tokio::time::timeout(Duration::from_millis(ms), changes.next(carvable))
             .await
             .is_ok()
     }
 
-    /// A claim's marker wakes the generator at once where a card is carvable, and the spec the
-    /// generator writes itself does not wake it; its removal by someone else does.
+    /// Whether `changes` wakes at once: well before its modification-time check.
+    async fn wakes(changes: &mut Changes, carvable: bool) -> bool {
+        wakes_within(changes, carvable, 250).await
+    }
+
+    /// A claim's marker wakes the generator at once where a card is carvable; the spec the
+    /// generator writes itself wakes it neither at once nor at the check after the refresh
+    /// that wrote it, and someone else's removal of it is seen at the check.
     #[tokio::test]
     async fn a_marker_wakes_the_loop_at_once_and_its_own_spec_does_not() {
         let dir = tempfile::tempdir().unwrap();
@@ -351,16 +378,22 @@ mod tests {
         // The first check of the modification times sees them as new.
         assert!(!wakes(&mut changes, true).await);
         changes.next(true).await;
+        // A refresh writes the spec, and the loop settles.
         writer::write_spec(dir.path(), writer::SPEC_FILE, "{}").unwrap();
-        assert!(!wakes(&mut changes, true).await, "woken at once by its own spec");
-        changes.next(true).await;
+        changes.settle();
+        assert!(!wakes_within(&mut changes, true, 1200).await, "woken by its own spec");
         let marker = dir.path().join("tessera.io-claim-u.json");
         tessera_core::files::write_atomic(dir.path(), &marker, b"{}", 0o755, 0o644).unwrap();
         assert!(wakes(&mut changes, true).await, "not woken at once by a claim's marker");
+        changes.settle();
         std::fs::remove_file(dir.path().join(writer::SPEC_FILE)).unwrap();
         assert!(
-            wakes(&mut changes, true).await,
-            "not woken at once by its spec's removal"
+            !wakes(&mut changes, true).await,
+            "woken at once by its own spec's removal"
+        );
+        assert!(
+            wakes_within(&mut changes, true, 2000).await,
+            "its spec's removal not seen at the check"
         );
     }
 
@@ -377,9 +410,10 @@ mod tests {
         changes.next(false).await;
     }
 
-    /// A watched directory that goes leaves the modification-time check, which sees it back.
+    /// A watched directory that goes leaves the modification-time check, which sees it back;
+    /// the watch is then made again, and a marker wakes the loop at once as before.
     #[tokio::test]
-    async fn a_cdi_directory_made_again_is_still_seen() {
+    async fn a_cdi_directory_made_again_is_watched_again() {
         let dir = tempfile::tempdir().unwrap();
         let cdi = dir.path().join("cdi");
         std::fs::create_dir(&cdi).unwrap();
@@ -392,5 +426,9 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), changes.next(true))
             .await
             .expect("the directory made again is not seen");
+        assert!(changes.watch.is_some(), "not watched again");
+        let marker = cdi.join("tessera.io-claim-u.json");
+        tessera_core::files::write_atomic(&cdi, &marker, b"{}", 0o755, 0o644).unwrap();
+        assert!(wakes(&mut changes, true).await, "not woken at once by a claim's marker");
     }
 }
