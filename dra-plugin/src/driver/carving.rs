@@ -230,7 +230,8 @@ impl Preparer {
         }
         // An allocation older than the card's instances (an operator made one there since the
         // slice was read, or a claim not yet unprepared holds one): refused before anything is
-        // written or made.
+        // written or made. An operator's instance made since the last poll is not known here:
+        // the card refuses that create, and makes nothing.
         if let Some(m) = in_the_way(card) {
             return Err(CarveError::SlicesTaken {
                 start: plan.placement.start,
