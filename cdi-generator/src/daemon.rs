@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use tessera_core::inventory::{InventorySource, NodeInventory};
-use tessera_node::dirwatch::{Change, DirWatch};
+use tessera_node::dirwatch::DirWatch;
 use tracing::{error, info, warn};
 
 use crate::spec::{self, CdiSpec, SpecOptions};
@@ -214,10 +214,10 @@ impl Changes {
             cdi_dir,
         } = self;
         let own = cdi_dir.join(writer::SPEC_FILE);
-        let counts = |c: &Change| {
-            if c.path == own {
+        let counts = |p: &PathBuf| {
+            if *p == own {
                 false
-            } else if c.path == *cdi_dir || c.path.parent() == Some(cdi_dir.as_path()) {
+            } else if p == cdi_dir || p.parent() == Some(cdi_dir.as_path()) {
                 carvable
             } else {
                 true

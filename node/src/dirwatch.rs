@@ -40,22 +40,11 @@ impl AsRawFd for Fd {
     }
 }
 
-/// A change [`DirWatch::changed`] tells of.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Change {
-    /// The entry changed (a watched directory itself where the names were lost).
-    pub path: PathBuf,
-    /// Whether it went (removed, or renamed away) rather than was written or renamed in.
-    pub gone: bool,
-}
-
 /// Watches files and directories for changes; made and read within a Tokio runtime.
 pub struct DirWatch {
     fd: AsyncFd<Fd>,
     /// Each watch's directory, and the names in it watched (`None`: any).
     watches: HashMap<WatchDescriptor, (PathBuf, Option<Vec<OsString>>)>,
-    /// The paths watched, as given.
-    paths: Vec<PathBuf>,
 }
 
 impl std::fmt::Debug for DirWatch {
@@ -107,26 +96,17 @@ impl DirWatch {
         // until the instance is dropped with the `AsyncFd`, and `Fd::as_raw_fd` always gives it.
         let fd = unsafe { AsyncFd::register_with_interest(Fd(inotify), Interest::READABLE) }
             .map_err(|e| e.into_parts().1)?;
-        Ok(Self {
-            fd,
-            watches,
-            paths: paths.to_vec(),
-        })
-    }
-
-    /// The paths watched, as given.
-    pub fn paths(&self) -> Vec<PathBuf> {
-        self.paths.clone()
+        Ok(Self { fd, watches })
     }
 
     /// Waits until something watched changes: the entries changed since the last call (each
-    /// once), or every path watched when the kernel's queue overflowed and the names were lost.
+    /// once; written, renamed in or out, or removed), or every path watched when the kernel's queue overflowed and the names were lost.
     /// An error where a watched directory went (removed, moved, or its file system unmounted):
     /// nothing more is told of it, and changes read with that news are not told either (take
     /// the error as "anything may have changed").
     ///
     /// Cancel safe: a change read is returned by the same call, with no wait in between.
-    pub async fn changed(&mut self) -> io::Result<Vec<Change>> {
+    pub async fn changed(&mut self) -> io::Result<Vec<PathBuf>> {
         loop {
             let mut ready = self.fd.readable().await?;
             let mut out = Vec::new();
@@ -168,18 +148,12 @@ impl DirWatch {
         }
     }
 
-    fn note(&self, wd: WatchDescriptor, mask: AddWatchFlags, name: Option<OsString>, out: &mut Vec<Change>) {
+    fn note(&self, wd: WatchDescriptor, mask: AddWatchFlags, name: Option<OsString>, out: &mut Vec<PathBuf>) {
         if mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
             for (dir, names) in self.watches.values() {
                 match names {
-                    Some(names) => out.extend(names.iter().map(|n| Change {
-                        path: dir.join(n),
-                        gone: false,
-                    })),
-                    None => out.push(Change {
-                        path: dir.clone(),
-                        gone: false,
-                    }),
+                    Some(names) => out.extend(names.iter().map(|n| dir.join(n))),
+                    None => out.push(dir.clone()),
                 }
             }
             return;
@@ -190,10 +164,7 @@ impl DirWatch {
         if name.as_bytes().starts_with(b".") || only.as_ref().is_some_and(|names| !names.contains(&name)) {
             return;
         }
-        out.push(Change {
-            path: dir.join(name),
-            gone: mask.intersects(AddWatchFlags::IN_DELETE | AddWatchFlags::IN_MOVED_FROM),
-        });
+        out.push(dir.join(name));
     }
 }
 
@@ -204,25 +175,15 @@ mod tests {
     use super::*;
 
     /// The next change within a second, or `None`.
-    async fn next(w: &mut DirWatch) -> Option<Vec<Change>> {
+    async fn next(w: &mut DirWatch) -> Option<Vec<PathBuf>> {
         tokio::time::timeout(Duration::from_secs(1), w.changed())
             .await
             .ok()
             .map(Result::unwrap)
     }
 
-    fn written(path: &Path) -> Option<Vec<Change>> {
-        Some(vec![Change {
-            path: path.to_path_buf(),
-            gone: false,
-        }])
-    }
-
-    fn gone(path: &Path) -> Option<Vec<Change>> {
-        Some(vec![Change {
-            path: path.to_path_buf(),
-            gone: true,
-        }])
+    fn told(path: &Path) -> Option<Vec<PathBuf>> {
+        Some(vec![path.to_path_buf()])
     }
 
     #[tokio::test]
@@ -231,9 +192,9 @@ mod tests {
         let mut w = DirWatch::new(&[dir.path().to_path_buf()]).unwrap();
         let path = dir.path().join("tessera.io-claim-a.json");
         tessera_core::files::write_atomic(dir.path(), &path, b"{}", 0o755, 0o644).unwrap();
-        assert_eq!(next(&mut w).await, written(&path));
+        assert_eq!(next(&mut w).await, told(&path));
         std::fs::remove_file(&path).unwrap();
-        assert_eq!(next(&mut w).await, gone(&path));
+        assert_eq!(next(&mut w).await, told(&path));
         std::fs::write(dir.path().join(".only-a-temporary"), b"x").unwrap();
         assert_eq!(next(&mut w).await, None);
     }
@@ -247,9 +208,9 @@ mod tests {
         std::fs::write(dir.path().join("other.yaml"), b"b").unwrap();
         assert_eq!(next(&mut w).await, None);
         tessera_core::files::write_atomic(dir.path(), &path, b"c", 0o755, 0o644).unwrap();
-        assert_eq!(next(&mut w).await, written(&path));
+        assert_eq!(next(&mut w).await, told(&path));
         std::fs::write(&path, b"d").unwrap();
-        assert_eq!(next(&mut w).await, written(&path));
+        assert_eq!(next(&mut w).await, told(&path));
     }
 
     /// Paths in one directory share its watch: two files there are told and a third is not;
@@ -265,12 +226,12 @@ mod tests {
         std::fs::write(&c, b"x").unwrap();
         assert_eq!(next(&mut w).await, None);
         std::fs::write(&b, b"y").unwrap();
-        assert_eq!(next(&mut w).await, written(&b));
+        assert_eq!(next(&mut w).await, told(&b));
         std::fs::write(&a, b"y").unwrap();
-        assert_eq!(next(&mut w).await, written(&a));
+        assert_eq!(next(&mut w).await, told(&a));
         let mut w = DirWatch::new(&[a.clone(), dir.path().to_path_buf()]).unwrap();
         std::fs::write(&c, b"y").unwrap();
-        assert_eq!(next(&mut w).await, written(&c));
+        assert_eq!(next(&mut w).await, told(&c));
     }
 
     /// A watched directory that goes (removed, or moved away) is an error (its readers fall
