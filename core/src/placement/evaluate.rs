@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::fit::{NodePlan, PodUsage, check_node_resources, plan_node};
+use super::refusal::Refusals;
 use super::terms::NodeTerms;
 use super::{
     CARD_MILLI, CardDemand, ClusterState, Engine, EngineConfig, Fragmentation, NodeAfter, NodeShape, NodeState,
@@ -75,6 +76,8 @@ pub(super) struct Scratch {
     /// Per class, whether it runs on a node of the (model, cards, CPU rank) in `runs_key`.
     pub(super) runs: Vec<bool>,
     pub(super) runs_key: Option<(u16, usize, usize)>,
+    /// The refusals' texts, one per reason.
+    pub(super) refusals: Refusals,
 }
 
 impl Scratch {
@@ -94,6 +97,7 @@ impl Scratch {
             base: Default::default(),
             runs: Vec::new(),
             runs_key: None,
+            refusals: Refusals::default(),
         }
     }
 
@@ -115,6 +119,7 @@ impl Scratch {
             base: Default::default(),
             runs: Vec::new(),
             runs_key: None,
+            refusals: Refusals::default(),
         }
     }
 }
@@ -264,7 +269,7 @@ impl Evaluator<'_> {
         n: usize,
         pod: &PodDemand,
         allowed: &[bool],
-    ) -> Result<(f64, Option<SimpleChoice>), String> {
+    ) -> Result<(f64, Option<SimpleChoice>), Arc<str>> {
         let cluster = self.cluster;
         let (node_policy, gpu_policy) = self.policies(pod);
         // MPS nodes keep one user per shared card, and a card's shares belong to one tenant
@@ -280,7 +285,8 @@ impl Evaluator<'_> {
         if !Engine::is_simple(pod) || owned_share {
             return self
                 .general(n, pod, allowed, (node_policy, gpu_policy))
-                .map(|score| (score, None));
+                .map(|score| (score, None))
+                .map_err(Arc::from);
         }
         let node = &cluster.nodes[n];
         check_node_resources(node, pod)?;

@@ -331,20 +331,26 @@ fn place_container(
 /// Why `card`, which has room for a share, does not take it from `owner`: the node keeps a
 /// card's shares to one tenant, or MPS to one user.
 pub(super) fn share_refused(node: &NodeState, card: usize, owner: ShareOwner) -> String {
+    match node.cards[card].admits(node.enforcement, node.cross_tenant, owner) {
+        Err(refusal) => share_refusal_text(refusal, owner.uid),
+        Ok(()) => unreachable!("a card that admits the share is in fits"),
+    }
+}
+
+/// Why every card with room refuses a share run as `uid`, the first one's `refusal`.
+pub(super) fn share_refusal_text(refusal: ShareRefusal, uid: Option<u32>) -> String {
     let who = |u: Option<u32>| u.map_or_else(|| "an unnamed user".to_string(), |u| format!("uid {u}"));
-    let refusal = node.cards[card].admits(node.enforcement, node.cross_tenant, owner);
     match refusal {
-        Err(ShareRefusal::OtherTenant) => format!(
+        ShareRefusal::OtherTenant => format!(
             "every card with room holds shares of another tenant; this node gives a card's shares \
              to one tenant (label it {LABEL_CROSS_TENANT_SHARING}=true to share cards between tenants)"
         ),
-        Err(ShareRefusal::OtherUser(other)) => format!(
+        ShareRefusal::OtherUser(other) => format!(
             "every card with room serves MPS clients of another user ({}); this container runs as {} \
              (MPS serves one user per card: set runAsUser alike, or use another node)",
             who(other),
-            who(owner.uid)
+            who(uid)
         ),
-        Ok(()) => unreachable!("a card that admits the share is in fits"),
     }
 }
 

@@ -159,7 +159,7 @@ impl Engine {
         let by_cards = tier.is_some();
         let step = |ev: &mut Evaluator<'_>, k: usize| -> Evaluated {
             let n = nodes[misses[k]];
-            let verdict = ev.evaluate(n, pod, allowed).map(|(s, _)| s).map_err(Arc::from);
+            let verdict = ev.evaluate(n, pod, allowed).map(|(s, _)| s);
             let node = &cluster.nodes[n];
             // A failed resource check is this pod's alone; otherwise the verdict is what the
             // cards said.

@@ -11,6 +11,7 @@ mod fit;
 mod frag;
 mod many;
 mod memo;
+mod refusal;
 mod rng;
 mod share;
 mod state;
@@ -246,6 +247,25 @@ impl Engine {
         node_policy != PolicyKind::Random && gpu_policy != PolicyKind::Random
     }
 
+    /// [`NodeState::could_take`] for node `n`, from what is kept of the node where it can be:
+    /// a filter of a busy cluster asks it of every node refused, whose cards it then need not
+    /// read.
+    pub fn could_take(&self, n: usize, pod: &PodDemand, allowed: &[bool]) -> bool {
+        let node = &self.cluster.nodes[n];
+        let Some(healthy) = self.terms.healthy_models(n) else {
+            return node.could_take(pod, allowed);
+        };
+        // Every healthy card's model is under 64: later models do not matter.
+        let allowed = allowed
+            .iter()
+            .take(64)
+            .enumerate()
+            .fold(0u64, |mask, (m, &a)| mask | (u64::from(a) << m));
+        node.schedulable
+            && pod.enforcement_ok(node.enforcement).is_ok()
+            && (!pod.wants_cards() || healthy & allowed != 0)
+    }
+
     /// Tells the engine a node changed outside [`Engine::commit`] / [`Engine::release`].
     pub fn node_changed(&mut self, node: usize) {
         self.settle();
@@ -310,7 +330,7 @@ impl Engine {
     }
 
     fn evaluate(&mut self, n: usize, pod: &PodDemand, allowed: &[bool]) -> Result<(f64, Option<SimpleChoice>), String> {
-        self.evaluator().evaluate(n, pod, allowed)
+        self.evaluator().evaluate(n, pod, allowed).map_err(|r| r.to_string())
     }
 
     fn plan_general(

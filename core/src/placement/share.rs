@@ -8,8 +8,11 @@
 //! node as it is (same card rules, same refusals, same choice among cards, same floating-point
 //! arithmetic), so its verdicts are exactly the general path's (`tests::owned_shares_*`).
 
+use std::sync::Arc;
+
 use super::evaluate::Evaluator;
-use super::fit::{check_node_resources, pct};
+use super::fit::check_node_resources;
+use super::refusal::CardRefusal;
 use super::{CARD_MILLI, CardDemand, NodeAfter, PodDemand, PolicyKind, ShareOwner, ShareUser, fgd_score, fit};
 use super::{mosaic_card_score, node_score};
 
@@ -48,7 +51,7 @@ impl Evaluator<'_> {
         pod: &PodDemand,
         allowed: &[bool],
         (node_policy, gpu_policy): (PolicyKind, PolicyKind),
-    ) -> Option<Result<f64, String>> {
+    ) -> Option<Result<f64, Arc<str>>> {
         let (share, owner) = owned_form(pod)?;
         Some(self.owned_share_on(n, pod, allowed, share, owner, (node_policy, gpu_policy)))
     }
@@ -61,17 +64,18 @@ impl Evaluator<'_> {
         (core, memory_mib): (u32, Option<u64>),
         owner: ShareOwner,
         (node_policy, gpu_policy): (PolicyKind, PolicyKind),
-    ) -> Result<f64, String> {
+    ) -> Result<f64, Arc<str>> {
         let cluster = self.cluster;
         let node = &cluster.nodes[n];
         check_node_resources(node, pod)?;
         pod.enforcement_ok(node.enforcement)?;
         let share = (core, memory_mib);
         // The node's free compute and capacity over the cards that offer it.
-        let (gpu_free, offering) = match self.kept_pool(n, allowed, share, owner) {
-            Some(sums) => sums,
-            None => self.scan_pool(n, allowed, share, owner)?,
+        let pool = match self.kept_pool(n, allowed, share, owner) {
+            Some(pool) => pool,
+            None => self.scan_pool(n, allowed, share, owner),
         };
+        let (gpu_free, offering) = pool.map_err(|r| self.s.refusals.text(r))?;
         let cpu_after = node.cpu_free() - pod.cpu_milli;
         let before = if matches!(node_policy, PolicyKind::Fgd | PolicyKind::Mosaic) {
             self.node_fragmentation(n)
@@ -110,15 +114,16 @@ impl Evaluator<'_> {
 
     /// Fills the scratch pool (the cards that take the share, with their free compute and
     /// memory) from node `n`'s kept briefs, and gives the node's free compute and cards
-    /// offering it; `None` when nothing is kept or no card takes the share
-    /// ([`Evaluator::scan_pool`] then says why).
+    /// offering it, or why no card takes the share; `None` when nothing is kept, or when no
+    /// card offering compute is of an allowed model ([`Evaluator::scan_pool`] then says why,
+    /// from the cards in full).
     fn kept_pool(
         &mut self,
         n: usize,
         allowed: &[bool],
         (core, memory_mib): (u32, Option<u64>),
         owner: ShareOwner,
-    ) -> Option<(u64, usize)> {
+    ) -> Option<Result<(u64, usize), CardRefusal>> {
         let kept = self.terms.get(n)?;
         let node = &self.cluster.nodes[n];
         let s = &mut *self.s;
@@ -142,18 +147,42 @@ impl Evaluator<'_> {
         }
         s.pool.truncate(len);
         s.pool_free.truncate(len);
-        (len > 0).then_some((kept.terms.idle, kept.offering))
+        if len > 0 {
+            return Some(Ok((kept.terms.idle, kept.offering)));
+        }
+        // The briefs are the cards [`Evaluator::scan_pool`] weighs (healthy, not in MIG mode),
+        // in the same order: where one is of an allowed model, they give its reason.
+        let mut usable = kept
+            .cards
+            .iter()
+            .filter(|b| allowed.get(usize::from(b.model)).copied().unwrap_or(false))
+            .peekable();
+        usable.peek()?;
+        let mut best: Option<(u32, u64)> = None;
+        for b in usable {
+            let free = (u32::from(b.core_free), u64::from(b.memory_free));
+            let need = fit::share_memory(memory_mib, u64::from(b.memory_mib), core);
+            if free.0 >= core && free.1 >= need {
+                let Err(refusal) = ShareUser::admits(b.share_user.as_ref(), node.enforcement, node.cross_tenant, owner)
+                else {
+                    unreachable!("a card that admits the share is in the pool");
+                };
+                return Some(Err(CardRefusal::Owner(refusal, owner.uid)));
+            }
+            best = best.max(Some(free));
+        }
+        let best = best.expect("a usable card");
+        Some(Err(CardRefusal::TooSmall { best, core, memory_mib }))
     }
 
-    /// [`Evaluator::kept_pool`] from the node's cards in full; when no card takes the share,
-    /// why.
+    /// [`Evaluator::kept_pool`] from the node's cards in full.
     fn scan_pool(
         &mut self,
         n: usize,
         allowed: &[bool],
         (core, memory_mib): (u32, Option<u64>),
         owner: ShareOwner,
-    ) -> Result<(u64, usize), String> {
+    ) -> Result<(u64, usize), CardRefusal> {
         let node = &self.cluster.nodes[n];
         let s = &mut *self.s;
         s.pool.clear();
@@ -193,24 +222,21 @@ impl Evaluator<'_> {
         }
         Err(if !any_usable {
             if node.cards.is_empty() {
-                "node has no GPU".into()
+                CardRefusal::NoGpu
             } else if !any_allowed {
-                "no card of an allowed model".into()
+                CardRefusal::NoAllowedModel
             } else {
-                "no healthy card available".into()
+                CardRefusal::NoHealthyCard
             }
         } else if let Some(first) = first_roomy {
-            fit::share_refused(node, first, owner)
-        } else if let Some((cf, mf)) = best_free {
-            format!(
-                "best card has {} core, {} free; needs {}, {}",
-                pct(cf),
-                fit::gib(mf),
-                pct(core),
-                memory_mib.map_or_else(|| "memory in proportion".to_string(), fit::gib)
-            )
+            match node.cards[first].admits(node.enforcement, node.cross_tenant, owner) {
+                Err(refusal) => CardRefusal::Owner(refusal, owner.uid),
+                Ok(()) => unreachable!("a card that admits the share is in the pool"),
+            }
+        } else if let Some(best) = best_free {
+            CardRefusal::TooSmall { best, core, memory_mib }
         } else {
-            "every usable card is in MIG mode".into()
+            CardRefusal::AllMig
         })
     }
 

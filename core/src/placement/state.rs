@@ -109,7 +109,7 @@ pub struct ShareUser {
 }
 
 /// Why a card does not take a share that has room on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ShareRefusal {
     /// MPS serves one user per card, and the card's shares run as this one.
     OtherUser(Option<u32>),

@@ -68,6 +68,8 @@ pub(super) struct NodeTerms {
     fresh: Vec<bool>,
     /// Per node: model, cards offering compute, their free compute.
     head: Vec<(u16, u32, u64)>,
+    /// Per node: the models of its healthy cards, a bit each (`None`: a model past 63).
+    healthy_models: Vec<Option<u64>>,
     /// Per node and level: cards with room, free compute of the others.
     per_level: Vec<(u32, u64)>,
     /// Per node, `stride` slots: the briefs of its cards that offer compute.
@@ -87,6 +89,7 @@ impl NodeTerms {
             .max(MIN_STRIDE);
         self.fresh.clear();
         self.head.clear();
+        self.healthy_models.clear();
         self.per_level.clear();
         self.cards.clear();
         self.grow(cluster.nodes.len());
@@ -103,6 +106,7 @@ impl NodeTerms {
         if self.fresh.len() < nodes {
             self.fresh.resize(nodes, false);
             self.head.resize(nodes, (0, 0, 0));
+            self.healthy_models.resize(nodes, None);
             self.per_level.resize(nodes * self.levels, (0, 0));
             self.cards.resize(nodes * self.stride, CardBrief::default());
         }
@@ -143,6 +147,11 @@ impl NodeTerms {
         let per_level = &mut self.per_level[n * self.levels..(n + 1) * self.levels];
         let idle = frag.level_terms(frees, per_level);
         self.head[n] = (node.model().unwrap_or(0), offering as u32, idle);
+        self.healthy_models[n] = node
+            .cards
+            .iter()
+            .filter(|c| c.healthy)
+            .try_fold(0u64, |mask, c| Some(mask | 1u64.checked_shl(u32::from(c.model))?));
         true
     }
 
@@ -160,6 +169,16 @@ impl NodeTerms {
     #[inline]
     pub(super) fn is_kept(&self, n: usize) -> bool {
         self.fresh.get(n).copied().unwrap_or(false)
+    }
+
+    /// The models of node `n`'s healthy cards, a bit each, when it is kept as it is and they
+    /// are all under 64.
+    pub(super) fn healthy_models(&self, n: usize) -> Option<u64> {
+        self.healthy_models
+            .get(n)
+            .copied()
+            .flatten()
+            .filter(|_| self.is_kept(n))
     }
 
     /// Node `n` as kept, when it has not changed since.

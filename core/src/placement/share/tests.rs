@@ -119,8 +119,8 @@ fn random_share(rng: &mut Rng) -> (PodDemand, (PolicyKind, PolicyKind)) {
 }
 
 /// The verdict with the score's exact bits, so that equal means identical.
-fn exact(v: Result<f64, String>) -> Result<u64, String> {
-    v.map(f64::to_bits)
+fn exact(v: Result<f64, impl ToString>) -> Result<u64, String> {
+    v.map(f64::to_bits).map_err(|r| r.to_string())
 }
 
 #[test]
@@ -237,7 +237,9 @@ fn random_engine(rng: &mut Rng) -> (Engine, TargetWorkload, Vec<usize>) {
 fn kept_node_terms_follow_every_change_of_a_node() {
     // One engine keeps what each node's share evaluations read while pods are placed and
     // released, cards fail and the workload changes; an engine built afresh on the same
-    // cluster before each pod keeps nothing from before. Their verdicts are the same bits.
+    // cluster before each pod keeps nothing from before. Their verdicts are the same bits,
+    // and whether a node could ever take the pod reads the same from what is kept.
+    let mut from_kept = 0;
     for seed in 0..12 {
         let mut rng = Rng::new(1000 + seed);
         let (mut kept, mut workload, all) = random_engine(&mut rng);
@@ -254,6 +256,16 @@ fn kept_node_terms_follow_every_change_of_a_node() {
             let mut fresh = Engine::new(kept.cluster.clone(), &workload, config);
             let want = fresh.evaluate_nodes(&pod, &all);
             assert_eq!(exact_all(got), exact_all(want), "seed {seed}, step {step}: {pod:?}");
+            let allowed = kept.cluster.allowed_models(pod.gpu_models.as_deref());
+            for &n in &all {
+                let node = &kept.cluster.nodes[n];
+                from_kept += usize::from(kept.terms.healthy_models(n).is_some());
+                assert_eq!(
+                    kept.could_take(n, &pod, &allowed),
+                    node.could_take(&pod, &allowed),
+                    "seed {seed}, step {step}, node {n}: {node:?}\n{pod:?}"
+                );
+            }
             match rng.below(8) {
                 0 if !placed.is_empty() => {
                     let (pod, placement) = placed.swap_remove(rng.below(placed.len() as u64) as usize);
@@ -279,6 +291,7 @@ fn kept_node_terms_follow_every_change_of_a_node() {
             }
         }
     }
+    assert!(from_kept > 5000, "nodes answered from what is kept: {from_kept}");
 }
 
 #[test]
