@@ -224,7 +224,7 @@ async fn filter(State(svc): State<Shared>, body: Result<Bytes, BytesRejection>) 
             Err((status, msg)) => error(status, msg),
             Ok(args) => {
                 let (reply, after) = filter_reply(&svc, &args);
-                let r = json(StatusCode::OK, &reply);
+                let r = json_bytes(StatusCode::OK, reply.to_json().into());
                 if let Some(kept) = &after.kept {
                     svc.handoff.keep(kept.clone());
                 }

@@ -178,7 +178,7 @@ impl Cluster {
             match verdict {
                 Ok(score) => out.fits.push((name, score)),
                 // Preemption can only help where the pod could ever fit.
-                Err(reason) if l.cluster().nodes[i].could_take(demand, &allowed) => out.failed.push((name, reason)),
+                Err(reason) if l.engine().could_take(i, demand, &allowed) => out.failed.push((name, reason)),
                 Err(reason) => out.unresolvable.push((name, reason)),
             }
         }
