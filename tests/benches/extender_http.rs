@@ -1,11 +1,12 @@
 //! The extender over HTTP on a cluster of 8-GPU nodes that is half full (fake API server, same
-//! process), at 5,000 and 10,000 nodes: the filter + prioritize round trip for GPU pods with
+//! process), at 5,000 and 10,000 nodes, and nine tenths full at 5,000: the filter + prioritize round trip for GPU pods with
 //! `NodeNames` of every node (one shape again and again, a new shape every request, and each pod
 //! of the public trace's default list in turn), against the same round trip for a pod without
 //! GPUs (HTTP and JSON cost only), each line split by step for its median and slowest round
 //! trips; new shapes again in turn with that pod, for their ratio to it measured side by side;
 //! and binds per second with 4 concurrent clients.
-//! Run: `cargo bench -p tessera-tests --bench extender_http` (`-- 5000` for one size).
+//! Run: `cargo bench -p tessera-tests --bench extender_http` (`-- 5000` for one size half full,
+//! `-- 5000 busy` nine tenths full).
 //!
 //! The trace (Alibaba's cluster-trace-gpu-v2023, `openb_pod_list_default.csv`) is read from
 //! `$TESSERA_TRACE`, `.cache/traces/alibaba-gpu-v2023` (`scripts/fetch-trace.sh`) or
@@ -58,8 +59,27 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// One pod per node holding about half of its compute: idle, full and partly used cards.
-fn fill(api: &FakeApiServer, nodes: usize, rng: &mut Rng) -> anyhow::Result<()> {
+/// How full the cluster is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    /// Half its compute used: a card in four idle, one full, two partly used.
+    Half,
+    /// Nine tenths used: a card in fifty idle, 39 full, ten partly used. Most nodes refuse a
+    /// large share, each for its own reason.
+    Busy,
+}
+
+impl Fill {
+    fn words(self) -> &'static str {
+        match self {
+            Self::Half => "half full",
+            Self::Busy => "nine tenths full",
+        }
+    }
+}
+
+/// One pod per node holding what `fill` says of its compute: idle, full and partly used cards.
+fn fill(api: &FakeApiServer, nodes: usize, fill: Fill, rng: &mut Rng) -> anyhow::Result<()> {
     let inv = FixtureSource {
         fixture: "h100x8".into(),
         driver_root: None,
@@ -73,10 +93,17 @@ fn fill(api: &FakeApiServer, nodes: usize, rng: &mut Rng) -> anyhow::Result<()> 
             .gpus
             .iter()
             .filter_map(|g| {
-                let core = match rng.below(4) {
-                    0 => return None,
-                    1 => 100,
-                    _ => 10 * (1 + rng.below(9) as u32),
+                let core = match fill {
+                    Fill::Half => match rng.below(4) {
+                        0 => return None,
+                        1 => 100,
+                        _ => 10 * (1 + rng.below(9) as u32),
+                    },
+                    Fill::Busy => match rng.below(50) {
+                        0 => return None,
+                        1..=39 => 100,
+                        _ => 10 * (1 + rng.below(9) as u32),
+                    },
                 };
                 Some(AllocatedDevice::share(g, core, g.memory_mib * u64::from(core) / 100))
             })
@@ -276,17 +303,18 @@ fn trace_pods() -> anyhow::Result<Option<(PathBuf, Vec<serde_json::Value>)>> {
     Ok(Some((file, pods)))
 }
 
-/// A cluster of `nodes` H100x8 nodes, half full, and an extender replica synced to it.
-async fn cluster(nodes: usize) -> anyhow::Result<(FakeApiServer, Replica, Vec<String>)> {
+/// A cluster of `nodes` H100x8 nodes, as full as `how`, and an extender replica synced to it.
+async fn cluster(nodes: usize, how: Fill) -> anyhow::Result<(FakeApiServer, Replica, Vec<String>)> {
     let api = FakeApiServer::start().await?;
     for n in 0..nodes {
         api.create_node(&gpu_node(&format!("n{n:05}"), "h100x8"))?;
     }
-    fill(&api, nodes, &mut Rng::new(7))?;
+    fill(&api, nodes, how, &mut Rng::new(7))?;
     let t = Instant::now();
     let r = start_replica(&api, ReplicaOptions::default()).await?;
     println!(
-        "{nodes} nodes: the extender synced them and their pods in {:.0} ms",
+        "{nodes} nodes, {}: the extender synced them and their pods in {:.0} ms",
+        how.words(),
         ms(t.elapsed())
     );
     let names: Vec<String> = (0..nodes).map(|n| format!("n{n:05}")).collect();
@@ -296,8 +324,12 @@ async fn cluster(nodes: usize) -> anyhow::Result<(FakeApiServer, Replica, Vec<St
 /// Filter + prioritize round trips on a cluster of `nodes`: the no-GPU baseline, one GPU
 /// shape again and again, a new shape every request (alone, then in turn with the baseline),
 /// the trace's pods in turn; then the engine alone.
-async fn latency(nodes: usize, trace: Option<&[serde_json::Value]>) -> anyhow::Result<(FakeApiServer, Replica)> {
-    let (api, mut r, names) = cluster(nodes).await?;
+async fn latency(
+    nodes: usize,
+    how: Fill,
+    trace: Option<&[serde_json::Value]>,
+) -> anyhow::Result<(FakeApiServer, Replica)> {
+    let (api, mut r, names) = cluster(nodes, how).await?;
     let gpu = api.create_pod(&share_pod("bench", 30, 8))?;
     let cpu = api.create_pod(&pod("web", &[("main", &[("cpu", "1")])]))?;
     let s0 = server_seconds(&mut r.http).await?;
@@ -459,16 +491,26 @@ async fn binds(api: &FakeApiServer, r: &Replica, nodes: usize) -> anyhow::Result
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> anyhow::Result<()> {
-    // `cargo bench` passes `--bench`; a number names one cluster size.
-    let sizes: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let sizes = if sizes.is_empty() { vec![5000, 10_000] } else { sizes };
+    // `cargo bench` passes `--bench`; a number names one cluster size (half full, or nine
+    // tenths with `busy`).
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let sizes: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let busy = args.iter().any(|a| a == "busy");
+    let runs = match (sizes.is_empty(), busy) {
+        (true, false) => vec![(5000, Fill::Half), (10_000, Fill::Half), (5000, Fill::Busy)],
+        (true, true) => vec![(5000, Fill::Busy)],
+        (false, _) => sizes
+            .into_iter()
+            .map(|n| (n, if busy { Fill::Busy } else { Fill::Half }))
+            .collect(),
+    };
     let trace = trace_pods()?;
     match &trace {
         Some((file, pods)) => println!("trace: {} pods from {}", pods.len(), file.display()),
         None => println!("trace: not found (bash scripts/fetch-trace.sh); its line is skipped"),
     }
-    for nodes in sizes {
-        let (api, r) = latency(nodes, trace.as_ref().map(|(_, p)| p.as_slice())).await?;
+    for (nodes, how) in runs {
+        let (api, r) = latency(nodes, how, trace.as_ref().map(|(_, p)| p.as_slice())).await?;
         binds(&api, &r, nodes).await?;
     }
     Ok(())
