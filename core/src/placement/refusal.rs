@@ -1,9 +1,9 @@
-//! Why no card of a node takes a share, and one text per reason for a whole evaluation.
+//! Why no card of a node takes a share, and one text per reason for each evaluating thread.
 //!
 //! A filter of a busy cluster refuses thousands of nodes for a few dozen reasons ("best card
 //! has 20% core, 16 GiB free; needs 30%, 8 GiB"): each refused node used to format and
 //! allocate its own copy of its reason, which cost more than the evaluation that found it.
-//! [`Refusals`] keeps one shared text per reason.
+//! [`Refusals`], in each thread's scratch, keeps one shared text per reason.
 
 use std::sync::Arc;
 
@@ -19,7 +19,8 @@ pub(super) enum CardRefusal {
     NoGpu,
     NoAllowedModel,
     NoHealthyCard,
-    /// The first card with room refuses the share's owner (the owner's uid).
+    /// The first card with room refuses the share's owner (the owner's uid where the text
+    /// names it: [`CardRefusal::owner`]).
     Owner(ShareRefusal, Option<u32>),
     /// The usable card with the most free compute (then memory), and the share asked.
     TooSmall {
@@ -31,6 +32,13 @@ pub(super) enum CardRefusal {
 }
 
 impl CardRefusal {
+    /// The first card with room refuses a share run as `uid`.
+    pub(super) fn owner(refusal: ShareRefusal, uid: Option<u32>) -> Self {
+        // Another tenant's card refuses every user alike: one reason, whoever asks.
+        let uid = uid.filter(|_| matches!(refusal, ShareRefusal::OtherUser(_)));
+        Self::Owner(refusal, uid)
+    }
+
     fn text(self) -> String {
         match self {
             Self::NoGpu => "node has no GPU".into(),

@@ -167,7 +167,7 @@ impl Evaluator<'_> {
                 else {
                     unreachable!("a card that admits the share is in the pool");
                 };
-                return Some(Err(CardRefusal::Owner(refusal, owner.uid)));
+                return Some(Err(CardRefusal::owner(refusal, owner.uid)));
             }
             best = best.max(Some(free));
         }
@@ -230,7 +230,7 @@ impl Evaluator<'_> {
             }
         } else if let Some(first) = first_roomy {
             match node.cards[first].admits(node.enforcement, node.cross_tenant, owner) {
-                Err(refusal) => CardRefusal::Owner(refusal, owner.uid),
+                Err(refusal) => CardRefusal::owner(refusal, owner.uid),
                 Ok(()) => unreachable!("a card that admits the share is in the pool"),
             }
         } else if let Some(best) = best_free {
