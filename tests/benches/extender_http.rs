@@ -1,8 +1,9 @@
 //! The extender over HTTP on a cluster of 8-GPU nodes that is half full (fake API server, same
-//! process), at 5,000 and 10,000 nodes, and nine tenths full at 5,000: the filter + prioritize round trip for GPU pods with
-//! `NodeNames` of every node (one shape again and again, a new shape every request, and each pod
-//! of the public trace's default list in turn), against the same round trip for a pod without
-//! GPUs (HTTP and JSON cost only), each line split by step for its median and slowest round
+//! process), at 5,000 and 10,000 nodes, and nine tenths full at 5,000: the filter + prioritize
+//! round trip for GPU pods with `NodeNames` of every node (one shape again and again, a new
+//! shape every request, and each pod of the public trace's default list in turn), against the
+//! same round trip for a pod without GPUs (HTTP and JSON cost only), each line split by step
+//! for its median and slowest round
 //! trips; new shapes again in turn with that pod, for their ratio to it measured side by side;
 //! and binds per second with 4 concurrent clients.
 //! Run: `cargo bench -p tessera-tests --bench extender_http` (`-- 5000` for one size half full,
@@ -65,7 +66,7 @@ enum Fill {
     /// Half its compute used: a card in four idle, one full, two partly used.
     Half,
     /// Nine tenths used: a card in fifty idle, 39 full, ten partly used. Most nodes refuse a
-    /// large share, each for its own reason.
+    /// large share (for a few dozen reasons: their best card's free compute and memory).
     Busy,
 }
 
