@@ -206,9 +206,9 @@ mod tests {
 
     /// Launches run only inside the spans: a launch's time, modulo the period, is in one or
     /// at most 20 us past its end (the time from the gate's look at the clock to the
-    /// launch's). A launch
-    /// whose thread was preempted on its way through the gate says nothing either way (its
-    /// clock read may come any time later, as on a loaded machine) and is not counted.
+    /// launch's). A launch whose thread was preempted on its way through the gate says nothing
+    /// either way (its clock read may come any time later, as on a loaded machine) and is not
+    /// counted.
     #[test]
     fn launches_run_inside_the_spans_only() {
         let schedule = Schedule::parse("20-50", 20).unwrap();
