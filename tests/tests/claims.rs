@@ -17,7 +17,7 @@ use tessera_deploy::{ManifestOptions, objects};
 use tessera_extender::service::{WebhookConfig, WebhookTls};
 use tessera_tests::apiserver::FakeApiServer;
 use tessera_tests::gpu_cluster::{
-    PREFIX, Replica, ReplicaOptions, eventually, gpu_node, keys, scheduler_json, start_replica,
+    PREFIX, Replica, ReplicaOptions, eventually, gpu_node, keys, scheduler_json, share_pod, start_replica,
 };
 
 const NS: &str = "default";
@@ -74,9 +74,11 @@ fn example_docs() -> anyhow::Result<Vec<Value>> {
         .collect()
 }
 
-/// Creates a pod through the API (and so through admission); the error is the API's message.
+/// Creates a pod through the API (and so through admission), in its own namespace; the error
+/// is the API's message.
 async fn create_pod(api: &FakeApiServer, pod: &Value) -> Result<Pod, String> {
-    let pods: Api<Pod> = Api::namespaced(api.client().map_err(|e| e.to_string())?, NS);
+    let ns = pod["metadata"]["namespace"].as_str().unwrap_or(NS);
+    let pods: Api<Pod> = Api::namespaced(api.client().map_err(|e| e.to_string())?, ns);
     let pod: Pod = serde_json::from_value(pod.clone()).map_err(|e| e.to_string())?;
     pods.create(&PostParams::default(), &pod).await.map_err(|e| match e {
         kube::Error::Api(s) => s.message,
@@ -110,7 +112,18 @@ fn class(name: &str, reclaim: &str) -> Value {
 /// Filters over `nodes` as kube-scheduler would and binds to the first that fits; the reply
 /// when none does.
 async fn schedule(api: &FakeApiServer, r: &mut Replica, name: &str, nodes: &[&str]) -> anyhow::Result<String> {
-    let p = api.pod(NS, name).expect("pod exists");
+    schedule_in(api, r, NS, name, nodes).await
+}
+
+/// [`schedule`] for a pod of namespace `ns`.
+async fn schedule_in(
+    api: &FakeApiServer,
+    r: &mut Replica,
+    ns: &str,
+    name: &str,
+    nodes: &[&str],
+) -> anyhow::Result<String> {
+    let p = api.pod(ns, name).expect("pod exists");
     let (_, reply) = r
         .http
         .post_json(
@@ -126,7 +139,7 @@ async fn schedule(api: &FakeApiServer, r: &mut Replica, name: &str, nodes: &[&st
         .http
         .post_json(
             &format!("{PREFIX}/bind"),
-            &json!({"PodName": name, "PodNamespace": NS, "PodUID": p.metadata.uid, "Node": node}),
+            &json!({"PodName": name, "PodNamespace": ns, "PodUID": p.metadata.uid, "Node": node}),
         )
         .await?;
     anyhow::ensure!(b["Error"] == "", "{name}: bind: {b}");
@@ -134,7 +147,11 @@ async fn schedule(api: &FakeApiServer, r: &mut Replica, name: &str, nodes: &[&st
 }
 
 fn allocation(api: &FakeApiServer, name: &str) -> Allocation {
-    let p = api.pod(NS, name).expect("pod");
+    allocation_in(api, NS, name)
+}
+
+fn allocation_in(api: &FakeApiServer, ns: &str, name: &str) -> Allocation {
+    let p = api.pod(ns, name).expect("pod");
     let a = p.metadata.annotations.as_ref().expect("annotations");
     keys()
         .verify(
@@ -300,6 +317,131 @@ async fn elastic_gpus_example_binds_and_retain_brings_a_recreated_pod_back_to_it
     })
     .await?;
     assert_eq!(api.objects("ElasticGPU").len(), 2, "reused, not created again");
+    Ok(())
+}
+
+/// docs/threat-model.md: a retained ElasticGPU share keeps its card to its claim's tenant.
+/// While no pod uses the claim, its card is booked for the claim's namespace's tenant (read
+/// from the namespace watch, `tessera.io/tenant` groups included): another tenant's share never
+/// lands beside it on a node that has not opted in, and a namespace of the claim's group does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retained_share_keeps_its_card_to_its_claims_tenant() -> anyhow::Result<()> {
+    use tessera_core::names::LABEL_TENANT;
+    let api = FakeApiServer::start().await?;
+    api.create_node(&gpu_node("t-held", "t4x2"))?;
+    let namespace = |name: &str, group: Option<&str>| {
+        let labels = group.map(|g| json!({ LABEL_TENANT: g })).unwrap_or(json!({}));
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+    };
+    for (ns, group) in [
+        ("ml-train", Some("ml")),
+        ("ml-eval", Some("ml")),
+        ("other", None),
+        ("solo", None),
+    ] {
+        api.create_object(&namespace(ns, group))?;
+    }
+    let mut r = start(&api).await?;
+    api.create_object(&class("keep", "Retain"))?;
+    let mut c = claim(
+        "held",
+        "keep",
+        json!({"tessera.io/gpu-core": "10", "tessera.io/gpu-memory": "2"}),
+    );
+    c["metadata"]["namespace"] = json!("ml-train");
+    api.create_object(&c)?;
+    let mut p = claim_pod("trainer", "claim.tessera.io/main", "held");
+    p["metadata"]["namespace"] = json!("ml-train");
+    create_pod(&api, &p).await.map_err(anyhow::Error::msg)?;
+    schedule_in(&api, &mut r, "ml-train", "trainer", &["t-held"]).await?;
+    let held_card = allocation_in(&api, "ml-train", "trainer").containers[0].devices[0]
+        .card_uuid()
+        .to_string();
+    // The pod goes (its own booking with it); its claim keeps the share.
+    let uid = api.pod("ml-train", "trainer").unwrap().metadata.uid.unwrap();
+    api.delete_pod("ml-train", "trainer");
+    eventually(10, "the ElasticGPU kept for its claim, the pod's booking gone", || {
+        egpu_of(&api, "held").is_some_and(|e| e["status"]["phase"] == "Bound" && e["status"]["pod"].is_null())
+            && r.running.service.cluster.booking(&uid).is_none()
+    })
+    .await?;
+    let share = |ns: &str, name: &str| {
+        let mut p = share_pod(name, 20, 2);
+        p.metadata.namespace = Some(ns.into());
+        p
+    };
+    // Another tenant's share takes the other card, not the held one's free 90%.
+    api.create_pod(&share("other", "o1"))?;
+    schedule_in(&api, &mut r, "other", "o1", &["t-held"]).await?;
+    let other_card = allocation_in(&api, "other", "o1").containers[0].devices[0]
+        .card_uuid()
+        .to_string();
+    assert_ne!(other_card, held_card, "another tenant's share beside the retained one");
+    // Both cards now serve a tenant: a third tenant fits on neither, and is not told whose.
+    let solo = api.create_pod(&share("solo", "s1"))?;
+    let (_, reply) = r
+        .http
+        .post_json(
+            &format!("{PREFIX}/filter"),
+            &json!({"Pod": scheduler_json(&solo), "Nodes": null, "NodeNames": ["t-held"]}),
+        )
+        .await?;
+    assert_eq!(reply["NodeNames"], json!([]), "a third tenant on a held card: {reply}");
+    let why = reply["FailedNodes"]["t-held"].as_str().unwrap_or_default();
+    assert!(why.contains("another tenant"), "{reply}");
+    let names = ["ml", "ml-train", "ml-eval", "other"];
+    assert!(
+        !why.split(|c: char| !c.is_alphanumeric() && c != '-')
+            .any(|w| names.contains(&w)),
+        "the refusal names a tenant: {why}"
+    );
+    // A namespace of the claim's group shares the held card.
+    api.create_pod(&share("ml-eval", "e1"))?;
+    schedule_in(&api, &mut r, "ml-eval", "e1", &["t-held"]).await?;
+    let eval_card = allocation_in(&api, "ml-eval", "e1").containers[0].devices[0]
+        .card_uuid()
+        .to_string();
+    assert_eq!(eval_card, held_card, "the claim's group shares its card");
+
+    // A restarted extender books the retained share under the claim's group too, even where
+    // the namespaces are listed well after the ElasticGPUs: it reads the ElasticGPUs only once
+    // the namespaces are listed (booked before, the share would be the namespace's alone, and
+    // the group's next share would fit nowhere).
+    let e1_uid = api.pod("ml-eval", "e1").unwrap().metadata.uid.unwrap();
+    api.delete_pod("ml-eval", "e1");
+    eventually(10, "the group's share gone", || {
+        r.running.service.cluster.booking(&e1_uid).is_none()
+    })
+    .await?;
+    r.running.kill();
+    api.faults()
+        .namespace_list_delay_ms
+        .store(1500, std::sync::atomic::Ordering::Relaxed);
+    let mut r = start(&api).await?;
+    let e2 = api.create_pod(&share("ml-eval", "e2"))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, reply) = r
+            .http
+            .post_json(
+                &format!("{PREFIX}/filter"),
+                &json!({"Pod": scheduler_json(&e2), "Nodes": null, "NodeNames": ["t-held"]}),
+            )
+            .await?;
+        if reply["NodeNames"] == json!(["t-held"]) {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the group's share fits nowhere after a restart: {reply}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    schedule_in(&api, &mut r, "ml-eval", "e2", &["t-held"]).await?;
+    let e2_card = allocation_in(&api, "ml-eval", "e2").containers[0].devices[0]
+        .card_uuid()
+        .to_string();
+    assert_eq!(e2_card, held_card, "the claim's group shares its card after a restart");
     Ok(())
 }
 

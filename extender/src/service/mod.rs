@@ -179,6 +179,9 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
     );
     let (store, writer) = watch::pod_store();
     let (trigger, triggered) = tokio::sync::mpsc::unbounded_channel();
+    // Namespaces' tenants first: a pod, and a claim's retained share, is booked under its
+    // tenant.
+    cluster.tenants().track();
     let claims = cfg.claims.then(|| {
         // The ElasticGPUs book retained GPUs in the ledger: the service follows them and lends
         // their store to the claims.
@@ -192,8 +195,6 @@ pub async fn start(client: Client, cluster: Arc<Cluster>, cfg: ServiceConfig) ->
         )));
         (stores, tasks)
     });
-    // Namespaces' tenants first: a pod is booked under its tenant.
-    cluster.tenants().track();
     let pods = watch::pods(
         client.clone(),
         cluster.clone(),

@@ -1,8 +1,9 @@
 //! The tenant of each namespace's pods: the namespace itself, or the group its operator-set
 //! `tessera.io/tenant` label names ([`Tenant::of_namespace`]), fed by a watch on namespaces
-//! (few and small; only the labelled ones are kept). Pods are read only
-//! once the namespaces have been listed, so that no pod is booked under its namespace's own
-//! tenant by mistake; a label changed later applies to placements from then on.
+//! (few and small; only the labelled ones are kept). Pods and ElasticGPUs are read only once
+//! the namespaces have been listed, so that no pod, and no claim's retained share, is booked
+//! under its namespace's own tenant by mistake; a label changed later applies to placements
+//! from then on.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -149,7 +149,9 @@ pub fn pod_store() -> (Store<Pod>, reflector::store::Writer<Pod>) {
 }
 
 /// Watches ElasticGPUs into `writer`'s store (the claims read it) and books the retained ones'
-/// GPUs in the cluster's ledger; every change triggers the ElasticGPU's claim.
+/// GPUs in the cluster's ledger; every change triggers the ElasticGPU's claim. It starts once
+/// the namespaces' tenants are listed: a retained share is booked under its claim's tenant,
+/// which a namespace's `tessera.io/tenant` label may make a group.
 pub async fn elastic_gpus(
     client: Client,
     cluster: Arc<Cluster>,
@@ -157,6 +159,7 @@ pub async fn elastic_gpus(
     trigger: tessera_claims::Trigger,
 ) {
     cluster.track_elastic_gpus();
+    cluster.tenants().wait_synced().await;
     let stream = watcher::watcher(Api::<ElasticGpu>::all(client), watcher::Config::default())
         .default_backoff()
         .reflect(writer);

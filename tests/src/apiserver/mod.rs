@@ -153,6 +153,9 @@ pub struct Faults {
     /// Store ResourceSlices without their devices' taints, as an API server with device taints
     /// off does.
     pub drop_device_taints: std::sync::atomic::AtomicBool,
+    /// Delay every list of namespaces by this many milliseconds (a slow list: what is listed
+    /// is read once the delay is over).
+    pub namespace_list_delay_ms: AtomicU64,
 }
 
 struct Inner {
@@ -360,6 +363,10 @@ async fn list_or_watch(inner: Arc<Inner>, kind: Kind, ns: Option<String>, q: Lis
     let in_ns = move |ev_ns: &str| ns.as_deref().is_none_or(|n| n == ev_ns);
     let watching = q.watch.as_deref().is_some_and(|w| w == "true" || w == "1");
     if !watching {
+        let delay = inner.faults.namespace_list_delay_ms.load(Ordering::Relaxed);
+        if kind == Kind::Namespace && delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
         let s = inner.store.lock().unwrap();
         let mut keys: Vec<&(Kind, String, String)> =
             s.objects.keys().filter(|(k, ns, _)| *k == kind && in_ns(ns)).collect();
