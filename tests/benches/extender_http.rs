@@ -7,7 +7,7 @@
 //! trips; new shapes again in turn with that pod, for their ratio to it measured side by side;
 //! and binds per second with 4 concurrent clients.
 //! Run: `cargo bench -p tessera-tests --bench extender_http` (`-- 5000` for one size half full,
-//! `-- 5000 busy` nine tenths full).
+//! `-- 5000 busy` nine tenths full, `-- 5000 engine` the engine-alone lines only, five times).
 //!
 //! The trace (Alibaba's cluster-trace-gpu-v2023, `openb_pod_list_default.csv`) is read from
 //! `$TESSERA_TRACE`, `.cache/traces/alibaba-gpu-v2023` (`scripts/fetch-trace.sh`) or
@@ -340,17 +340,7 @@ async fn latency(
     let s2 = server_seconds(&mut r.http).await?;
     let runs = (ROUND_TRIPS + WARM_UP) as f64;
     let (server_base, server_gpu) = ((s1 - s0) / runs * 1e3, (s2 - s1) / runs * 1e3);
-    // Every request a pod shape none of the last 269 had (a node remembers its verdicts for
-    // its last four: remembered verdicts do not apply).
-    let shapes: Vec<serde_json::Value> = (0..ROUND_TRIPS + WARM_UP)
-        .map(|i| {
-            scheduler_json(&share_pod(
-                &format!("shape-{i}"),
-                5 + (i % 90) as u32,
-                1 + (i / 90 % 3) as u32,
-            ))
-        })
-        .collect();
+    let shapes = new_shapes();
     let cold = round_trips(&mut r.http, &shapes, &names, ROUND_TRIPS).await?;
     let server_cold = (server_seconds(&mut r.http).await? - s2) / runs * 1e3;
     // The goal's ratio with each new shape beside a baseline round trip. The lines above run
@@ -398,6 +388,32 @@ async fn latency(
     }
     engine_only(&r, &gpu, &shapes, &names)?;
     Ok((api, r))
+}
+
+/// Every request a pod shape none of the last 269 had (a node remembers its verdicts for its
+/// last four: remembered verdicts do not apply).
+fn new_shapes() -> Vec<serde_json::Value> {
+    (0..ROUND_TRIPS + WARM_UP)
+        .map(|i| {
+            scheduler_json(&share_pod(
+                &format!("shape-{i}"),
+                5 + (i % 90) as u32,
+                1 + (i / 90 % 3) as u32,
+            ))
+        })
+        .collect()
+}
+
+/// The engine-alone lines only, `times` times over on one cluster (to compare two builds run
+/// in turn, with less of the machine's swings than the whole bench's minutes).
+async fn engine_lines(nodes: usize, how: Fill, times: usize) -> anyhow::Result<()> {
+    let (api, r, names) = cluster(nodes, how).await?;
+    let gpu = api.create_pod(&share_pod("bench", 30, 8))?;
+    let shapes = new_shapes();
+    for _ in 0..times {
+        engine_only(&r, &gpu, &shapes, &names)?;
+    }
+    Ok(())
 }
 
 /// The same decisions without HTTP: the engine's share of the round trip (what it remembers
@@ -493,10 +509,11 @@ async fn binds(api: &FakeApiServer, r: &Replica, nodes: usize) -> anyhow::Result
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> anyhow::Result<()> {
     // `cargo bench` passes `--bench`; a number names one cluster size (half full, or nine
-    // tenths with `busy`).
+    // tenths with `busy`); `engine` runs the engine-alone lines only, five times.
     let args: Vec<String> = std::env::args().skip(1).collect();
     let sizes: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let busy = args.iter().any(|a| a == "busy");
+    let engine = args.iter().any(|a| a == "engine");
     let runs = match (sizes.is_empty(), busy) {
         (true, false) => vec![(5000, Fill::Half), (10_000, Fill::Half), (5000, Fill::Busy)],
         (true, true) => vec![(5000, Fill::Busy)],
@@ -505,6 +522,13 @@ async fn main() -> anyhow::Result<()> {
             .map(|n| (n, if busy { Fill::Busy } else { Fill::Half }))
             .collect(),
     };
+    if engine {
+        for (nodes, how) in runs {
+            println!("{nodes} nodes, {}: the engine alone", how.words());
+            engine_lines(nodes, how, 5).await?;
+        }
+        return Ok(());
+    }
     let trace = trace_pods()?;
     match &trace {
         Some((file, pods)) => println!("trace: {} pods from {}", pods.len(), file.display()),
