@@ -123,6 +123,15 @@ pub fn share_pod(name: &str, core: u32, mem: u32) -> Pod {
     )
 }
 
+/// A namespace, labelled into tenant group `group` (`tessera.io/tenant`) where one is given.
+pub fn tenant_namespace(name: &str, group: Option<&str>) -> serde_json::Value {
+    let labels = group.map_or_else(
+        || serde_json::json!({}),
+        |g| serde_json::json!({ tessera_core::names::LABEL_TENANT: g }),
+    );
+    serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+}
+
 /// The pod as kube-scheduler embeds it: no apiVersion/kind.
 pub fn scheduler_json(pod: &Pod) -> serde_json::Value {
     let mut v = serde_json::to_value(pod).expect("pods serialize");

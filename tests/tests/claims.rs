@@ -163,6 +163,19 @@ fn allocation_in(api: &FakeApiServer, ns: &str, name: &str) -> Allocation {
         .expect("a verified allocation")
 }
 
+/// The card of the first device pod `ns/name` was given.
+fn card_of(api: &FakeApiServer, ns: &str, name: &str) -> String {
+    allocation_in(api, ns, name).containers[0].devices[0]
+        .card_uuid()
+        .to_string()
+}
+
+/// The filter's reply for `pod` on `node` alone.
+async fn filter_on(r: &mut Replica, pod: &Pod, node: &str) -> anyhow::Result<Value> {
+    let args = json!({"Pod": scheduler_json(pod), "Nodes": null, "NodeNames": [node]});
+    Ok(r.http.post_json(&format!("{PREFIX}/filter"), &args).await?.1)
+}
+
 fn claim_obj(api: &FakeApiServer, name: &str) -> Value {
     api.object("ElasticGPUClaim", NS, name).expect("claim")
 }
@@ -326,20 +339,16 @@ async fn elastic_gpus_example_binds_and_retain_brings_a_recreated_pod_back_to_it
 /// lands beside it on a node that has not opted in, and a namespace of the claim's group does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retained_share_keeps_its_card_to_its_claims_tenant() -> anyhow::Result<()> {
-    use tessera_core::names::LABEL_TENANT;
+    use tessera_tests::gpu_cluster::tenant_namespace;
     let api = FakeApiServer::start().await?;
     api.create_node(&gpu_node("t-held", "t4x2"))?;
-    let namespace = |name: &str, group: Option<&str>| {
-        let labels = group.map(|g| json!({ LABEL_TENANT: g })).unwrap_or(json!({}));
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
-    };
     for (ns, group) in [
         ("ml-train", Some("ml")),
         ("ml-eval", Some("ml")),
         ("other", None),
         ("solo", None),
     ] {
-        api.create_object(&namespace(ns, group))?;
+        api.create_object(&tenant_namespace(ns, group))?;
     }
     let mut r = start(&api).await?;
     api.create_object(&class("keep", "Retain"))?;
@@ -354,9 +363,7 @@ async fn a_retained_share_keeps_its_card_to_its_claims_tenant() -> anyhow::Resul
     p["metadata"]["namespace"] = json!("ml-train");
     create_pod(&api, &p).await.map_err(anyhow::Error::msg)?;
     schedule_in(&api, &mut r, "ml-train", "trainer", &["t-held"]).await?;
-    let held_card = allocation_in(&api, "ml-train", "trainer").containers[0].devices[0]
-        .card_uuid()
-        .to_string();
+    let held_card = card_of(&api, "ml-train", "trainer");
     // The pod goes (its own booking with it); its claim keeps the share.
     let uid = api.pod("ml-train", "trainer").unwrap().metadata.uid.unwrap();
     api.delete_pod("ml-train", "trainer");
@@ -373,19 +380,11 @@ async fn a_retained_share_keeps_its_card_to_its_claims_tenant() -> anyhow::Resul
     // Another tenant's share takes the other card, not the held one's free 90%.
     api.create_pod(&share("other", "o1"))?;
     schedule_in(&api, &mut r, "other", "o1", &["t-held"]).await?;
-    let other_card = allocation_in(&api, "other", "o1").containers[0].devices[0]
-        .card_uuid()
-        .to_string();
+    let other_card = card_of(&api, "other", "o1");
     assert_ne!(other_card, held_card, "another tenant's share beside the retained one");
     // Both cards now serve a tenant: a third tenant fits on neither, and is not told whose.
     let solo = api.create_pod(&share("solo", "s1"))?;
-    let (_, reply) = r
-        .http
-        .post_json(
-            &format!("{PREFIX}/filter"),
-            &json!({"Pod": scheduler_json(&solo), "Nodes": null, "NodeNames": ["t-held"]}),
-        )
-        .await?;
+    let reply = filter_on(&mut r, &solo, "t-held").await?;
     assert_eq!(reply["NodeNames"], json!([]), "a third tenant on a held card: {reply}");
     let why = reply["FailedNodes"]["t-held"].as_str().unwrap_or_default();
     assert!(why.contains("another tenant"), "{reply}");
@@ -398,9 +397,7 @@ async fn a_retained_share_keeps_its_card_to_its_claims_tenant() -> anyhow::Resul
     // A namespace of the claim's group shares the held card.
     api.create_pod(&share("ml-eval", "e1"))?;
     schedule_in(&api, &mut r, "ml-eval", "e1", &["t-held"]).await?;
-    let eval_card = allocation_in(&api, "ml-eval", "e1").containers[0].devices[0]
-        .card_uuid()
-        .to_string();
+    let eval_card = card_of(&api, "ml-eval", "e1");
     assert_eq!(eval_card, held_card, "the claim's group shares its card");
 
     // A restarted extender books the retained share under the claim's group too, even where
@@ -421,13 +418,7 @@ async fn a_retained_share_keeps_its_card_to_its_claims_tenant() -> anyhow::Resul
     let e2 = api.create_pod(&share("ml-eval", "e2"))?;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let (_, reply) = r
-            .http
-            .post_json(
-                &format!("{PREFIX}/filter"),
-                &json!({"Pod": scheduler_json(&e2), "Nodes": null, "NodeNames": ["t-held"]}),
-            )
-            .await?;
+        let reply = filter_on(&mut r, &e2, "t-held").await?;
         if reply["NodeNames"] == json!(["t-held"]) {
             break;
         }
@@ -438,9 +429,7 @@ async fn a_retained_share_keeps_its_card_to_its_claims_tenant() -> anyhow::Resul
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     schedule_in(&api, &mut r, "ml-eval", "e2", &["t-held"]).await?;
-    let e2_card = allocation_in(&api, "ml-eval", "e2").containers[0].devices[0]
-        .card_uuid()
-        .to_string();
+    let e2_card = card_of(&api, "ml-eval", "e2");
     assert_eq!(e2_card, held_card, "the claim's group shares its card after a restart");
     Ok(())
 }

@@ -947,13 +947,9 @@ async fn a_cards_shares_belong_to_one_namespace_unless_the_node_opts_in() -> any
 /// the extender starts, one after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_labelled_into_one_tenant_share_a_card() -> anyhow::Result<()> {
-    use tessera_core::names::LABEL_TENANT;
+    use tessera_tests::gpu_cluster::tenant_namespace as namespace;
     let api = FakeApiServer::start().await?;
     api.create_node(&gpu_node("t-iso", "t4x2"))?;
-    let namespace = |name: &str, group: Option<&str>| {
-        let labels = group.map(|g| json!({ LABEL_TENANT: g })).unwrap_or(json!({}));
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
-    };
     api.create_object(&namespace("ml-train", Some("ml")))?;
     api.create_object(&namespace("other", None))?;
     let mut r = start_replica(&api, ReplicaOptions::default()).await?;
