@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::fit::{NodePlan, PodUsage, check_node_resources, plan_node};
+use super::frag::{ChangeTable, Runs};
 use super::refusal::Refusals;
 use super::terms::NodeTerms;
 use super::{
@@ -65,17 +66,14 @@ pub(super) struct Scratch {
     /// per card that offers it.
     pub(super) pool: Vec<usize>,
     pub(super) pool_free: Vec<(u32, u64)>,
-    /// The pool's distinct free compute, the first card that has each, and each one's
-    /// fragmentation once the share takes it.
-    pub(super) froms: Vec<u32>,
-    pub(super) firsts: Vec<usize>,
-    pub(super) afters: Vec<f64>,
     pub(super) frees: Vec<u32>,
     /// A node's terms for one-card changes.
     pub(super) base: super::ChangeBase,
-    /// Per class, whether it runs on a node of the (model, cards, CPU rank) in `runs_key`.
-    pub(super) runs: Vec<bool>,
+    /// The classes that run on a node of the (model, cards, CPU rank) in `runs_key`.
+    pub(super) runs: Runs,
     pub(super) runs_key: Option<(u16, usize, usize)>,
+    /// A node's one-card changes.
+    pub(super) table: ChangeTable,
     /// The refusals' texts, one per reason.
     pub(super) refusals: Refusals,
 }
@@ -90,13 +88,11 @@ impl Scratch {
             sums: Default::default(),
             pool: Vec::new(),
             pool_free: Vec::new(),
-            froms: Vec::new(),
-            firsts: Vec::new(),
-            afters: Vec::new(),
             frees: Vec::new(),
             base: Default::default(),
-            runs: Vec::new(),
+            runs: Runs::default(),
             runs_key: None,
+            table: ChangeTable::default(),
             refusals: Refusals::default(),
         }
     }
@@ -112,13 +108,11 @@ impl Scratch {
             sums: Default::default(),
             pool: Vec::new(),
             pool_free: Vec::new(),
-            froms: Vec::new(),
-            firsts: Vec::new(),
-            afters: Vec::new(),
             frees: Vec::new(),
             base: Default::default(),
-            runs: Vec::new(),
+            runs: Runs::default(),
             runs_key: None,
+            table: ChangeTable::default(),
             refusals: Refusals::default(),
         }
     }

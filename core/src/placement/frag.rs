@@ -14,6 +14,30 @@ use rustc_hash::FxHashMap;
 use super::demand::PodDemand;
 use super::state::{CARD_MILLI, ClusterState, NodeState};
 
+mod change;
+
+use change::Group;
+pub(super) use change::{ChangeTable, Runs};
+
+/// Popularity weights are counted in units of 2^-32 of a weight (each weight at most 1), and
+/// fragmentation sums them times whole milli: every sum is an exact integer, the same whatever
+/// the order its terms are added in, so a node's fragmentation worked out class by class, by
+/// level, or from another node's terms with one card changed is one value to the bit. (A sum
+/// is at most the node's idle milli times 2^32 per class: far from overflowing for any node
+/// and workload.)
+const UNITS_PER_WEIGHT: f64 = 4_294_967_296.0;
+
+/// A popularity weight in units.
+fn units(weight: f64) -> i64 {
+    (weight.clamp(0.0, 1.0) * UNITS_PER_WEIGHT).round() as i64
+}
+
+/// Fragmentation in milli-GPU from its sum in units (exact: far below 2^53; a power of two's
+/// reciprocal is exact, so the product is the quotient, without a division's wait).
+fn milli(units: i64) -> f64 {
+    units as f64 * (1.0 / UNITS_PER_WEIGHT)
+}
+
 /// One class of tasks in the target workload.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadClass {
@@ -129,6 +153,8 @@ struct Compiled {
     cards: usize,
     allowed: Vec<bool>,
     weight: f64,
+    /// The weight in units ([`units`]).
+    units: i64,
 }
 
 impl Compiled {
@@ -157,32 +183,21 @@ fn level_walk(levels: &[u32], sorted: &[u32], mut each: impl FnMut(u32, u64)) {
 
 /// A node's fragmentation by class ([`Fragmentation::sums`]): per distinct per-card demand of
 /// the workload, how many cards have room for it and the free compute of those that do not;
-/// the classes that could run there at all (model, CPU, number of cards), weighed together.
+/// the classes that could run there at all (model, CPU, number of cards), summed by level.
 #[derive(Debug, Clone, Default)]
 pub struct ClassSums {
-    per_level: Vec<(u32, u64)>,
-    /// Per group of [`Fragmentation`]'s, the weight of its classes that can run on the node.
-    group_weight: Vec<f64>,
-    /// The groups laid out for [`Fragmentation::after_change`]'s loop: per-card demand, cards
-    /// needed, cards with room and free compute of the others now, weight.
-    g: Vec<i64>,
-    cards: Vec<i64>,
-    room: Vec<i64>,
-    fragments: Vec<i64>,
-    weight: Vec<f64>,
-    unusable_weight: f64,
-    idle: u64,
-    empty: bool,
+    base: ChangeBase,
+    table: ChangeTable,
 }
 
 /// A node's terms for [`Fragmentation::after_one_change`]: its idle compute and, per level of
-/// the workload, the cards with room for it and the free compute of the others; per class,
-/// whether it could run on the node at all (model, CPU, number of cards).
+/// the workload, the cards with room for it and the free compute of the others; the classes
+/// that could run on the node at all (model, CPU, number of cards).
 #[derive(Debug, Clone, Default)]
 pub struct ChangeBase {
     idle: u64,
     per_level: Vec<(u32, u64)>,
-    runs: Vec<bool>,
+    runs: Runs,
 }
 
 impl ChangeBase {
@@ -239,8 +254,10 @@ pub struct Fragmentation {
     classes: Vec<Compiled>,
     /// The distinct per-card demands of the classes that want GPU, ascending.
     levels: Vec<u32>,
-    /// The distinct (level, cards) of the classes that want GPU, in first-seen class order.
-    groups: Vec<(usize, usize)>,
+    /// The distinct (level, cards) of the classes that want GPU, ascending.
+    groups: Vec<Group>,
+    /// At each free compute up to a card's, the number of levels at most that.
+    levels_upto: Vec<u32>,
     waste: Vec<f64>,
     cpu_thresholds: Vec<u64>,
     memo: FxHashMap<(u128, u32), f64>,
@@ -270,22 +287,35 @@ impl Fragmentation {
                 cards: c.cards as usize,
                 allowed: cluster.allowed_models(c.models.as_deref()),
                 weight: c.weight,
+                units: units(c.weight),
             })
             .collect();
         let mut levels: Vec<u32> = classes.iter().map(|c| c.gpu_milli).filter(|&g| g > 0).collect();
         levels.sort_unstable();
         levels.dedup();
         let mut classes = classes;
-        let mut groups: Vec<(usize, usize)> = Vec::new();
         for c in &mut classes {
             c.level = levels.binary_search(&c.gpu_milli).ok();
-            c.group = c.level.map(|l| {
-                groups.iter().position(|&g| g == (l, c.cards)).unwrap_or_else(|| {
-                    groups.push((l, c.cards));
-                    groups.len() - 1
-                })
-            });
         }
+        let mut groups: Vec<Group> = classes
+            .iter()
+            .filter_map(|c| {
+                Some(Group {
+                    level: c.level?,
+                    cards: c.cards,
+                })
+            })
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        for c in &mut classes {
+            c.group = c
+                .level
+                .and_then(|level| groups.binary_search(&Group { level, cards: c.cards }).ok());
+        }
+        let levels_upto = (0..=CARD_MILLI)
+            .map(|free| levels.partition_point(|&g| g <= free) as u32)
+            .collect();
         let mut cpu_thresholds: Vec<u64> = classes.iter().map(|c| c.cpu_milli).collect();
         cpu_thresholds.sort_unstable();
         cpu_thresholds.dedup();
@@ -294,6 +324,7 @@ impl Fragmentation {
             classes,
             levels,
             groups,
+            levels_upto,
             waste,
             cpu_thresholds,
             memo: FxHashMap::default(),
@@ -319,6 +350,7 @@ impl Fragmentation {
             classes: self.classes.clone(),
             levels: self.levels.clone(),
             groups: self.groups.clone(),
+            levels_upto: self.levels_upto.clone(),
             waste: self.waste.clone(),
             cpu_thresholds: self.cpu_thresholds.clone(),
             memo: FxHashMap::default(),
@@ -373,7 +405,7 @@ impl Fragmentation {
         let idle: u64 = frees.iter().map(|&f| u64::from(f)).sum();
         self.level_fragments.clear();
         level_walk(&self.levels, frees, |_, fragments| self.level_fragments.push(fragments));
-        let mut total = 0.0;
+        let mut total = 0i64;
         for c in &self.classes {
             let usable =
                 c.gpu_milli > 0 && c.could_run(model, cpu_free, frees.len()) && frees[c.cards - 1] >= c.gpu_milli;
@@ -382,77 +414,23 @@ impl Fragmentation {
                 Some(level) if usable => self.level_fragments[level],
                 _ => idle,
             };
-            total += c.weight * frag as f64;
+            total += c.units * frag as i64;
         }
-        total
+        milli(total)
     }
 
     /// A node's fragmentation by class (model, free CPU after the placement, free compute per
     /// card), written into `out` (its buffers reused), so that the node with one card changed is
     /// evaluated by [`Fragmentation::after_change`] without sorting or scanning the cards again.
     pub fn sums(&self, out: &mut ClassSums, model: u16, cpu_free: u64, frees: &[u32]) {
-        out.empty = frees.is_empty();
-        out.per_level.clear();
-        out.per_level.resize(self.levels.len(), (0, 0));
-        out.idle = self.level_terms(frees, &mut out.per_level);
-        // Classes that can run here are summed by (per-card demand, cards); the rest count the
-        // node's whole idle compute whatever changes.
-        out.group_weight.clear();
-        out.group_weight.resize(self.groups.len(), 0.0);
-        out.unusable_weight = 0.0;
-        for c in &self.classes {
-            let usable = c.gpu_milli > 0 && c.could_run(model, cpu_free, frees.len());
-            match c.group {
-                Some(g) if usable => out.group_weight[g] += c.weight,
-                _ => out.unusable_weight += c.weight,
-            }
-        }
-        out.g.clear();
-        out.cards.clear();
-        out.room.clear();
-        out.fragments.clear();
-        out.weight.clear();
-        for (&(level, cards), &weight) in self.groups.iter().zip(&out.group_weight) {
-            if weight == 0.0 {
-                continue;
-            }
-            let (room, fragments) = out.per_level[level];
-            out.g.push(i64::from(self.levels[level]));
-            out.cards.push(cards as i64);
-            out.room.push(i64::from(room));
-            out.fragments.push(fragments as i64);
-            out.weight.push(weight);
-        }
+        self.change_base(&mut out.base, model, cpu_free, frees);
+        out.table.fill(&self.groups, out.base.terms(), &out.base.runs);
     }
 
     /// The fragmentation of the node `sums` describes once one card's free compute goes from
-    /// `from` to `to` (`to <= from`): what [`Fragmentation::eval`] gives for the changed node,
-    /// summed in another order.
+    /// `from` to `to` (`to <= from`): what [`Fragmentation::eval`] gives for the changed node.
     pub fn after_change(&self, sums: &ClassSums, from: u32, to: u32) -> f64 {
-        if sums.empty {
-            return 0.0;
-        }
-        let idle = (sums.idle - u64::from(from) + u64::from(to)) as i64;
-        let (from, to) = (i64::from(from), i64::from(to));
-        let mut total = sums.unusable_weight * idle as f64;
-        // Branch-free: the card counts as room for `g` before when `from >= g`, after when
-        // `to >= g`; otherwise its free compute is a fragment.
-        let n = sums.g.len();
-        let (gs, cards, rooms, frags, weights) = (
-            &sums.g[..n],
-            &sums.cards[..n],
-            &sums.room[..n],
-            &sums.fragments[..n],
-            &sums.weight[..n],
-        );
-        for i in 0..n {
-            let g = gs[i];
-            let room = rooms[i] - i64::from(from >= g) + i64::from(to >= g);
-            let fragments = frags[i] - if from < g { from } else { 0 } + if to < g { to } else { 0 };
-            let frag = if room >= cards[i] { fragments } else { idle };
-            total += weights[i] * frag as f64;
-        }
-        total
+        self.change_after(&sums.table, from, to)
     }
 
     /// The terms of the node with `model`, `cpu_free` and per-card free compute `frees`, for
@@ -489,93 +467,55 @@ impl Fragmentation {
         self.cpu_thresholds.partition_point(|&t| t <= cpu_free)
     }
 
-    /// Per class, whether it wants GPU and could run on a node of `model` with `cpu_free` and
-    /// `cards` cards offering compute (room on them aside), written into `out`.
-    pub(super) fn runs(&self, out: &mut Vec<bool>, model: u16, cpu_free: u64, cards: usize) {
-        out.clear();
-        out.extend(
-            self.classes
-                .iter()
-                .map(|c| c.level.is_some() && c.could_run(model, cpu_free, cards)),
-        );
+    /// Which classes could run on a node of `model` with `cpu_free` and `cards` cards offering
+    /// compute (room on them aside), summed by group, written into `out`.
+    pub(super) fn runs(&self, out: &mut Runs, model: u16, cpu_free: u64, cards: usize) {
+        out.units.clear();
+        out.units.resize(self.groups.len(), 0);
+        out.idle_units = 0;
+        for c in &self.classes {
+            match c.group {
+                Some(g) if c.could_run(model, cpu_free, cards) => out.units[g] += c.units,
+                _ => out.idle_units += c.units,
+            }
+        }
+    }
+
+    /// The table of one card's changes on the node of `terms`, with the classes that `runs`
+    /// there, written into `out`.
+    pub(super) fn change_table(&self, out: &mut ChangeTable, terms: LevelTerms<'_>, runs: &Runs) {
+        out.fill(&self.groups, terms, runs);
+    }
+
+    /// The levels at most `free`.
+    #[inline]
+    fn levels_upto(&self, free: u32) -> usize {
+        match self.levels_upto.get(free as usize) {
+            Some(&n) => n as usize,
+            None => self.levels.partition_point(|&g| g <= free),
+        }
+    }
+
+    /// The fragmentation of the node of `table` once one card's free compute goes from `from`
+    /// to `to` (`to <= from`).
+    #[inline]
+    pub(super) fn change_after(&self, table: &ChangeTable, from: u32, to: u32) -> f64 {
+        milli(table.after((from, to), (self.levels_upto(to), self.levels_upto(from))))
+    }
+
+    /// The fragmentation of the node of `table` as it is.
+    #[inline]
+    pub(super) fn change_now(table: &ChangeTable) -> f64 {
+        milli(table.now())
     }
 
     /// The fragmentation of the node `base` describes once one card's free compute goes from
-    /// `from` to `to` (equal: the node as it is): what [`Fragmentation::eval`] gives for the
-    /// changed node, to the bit (the same terms summed in the same order), without sorting.
+    /// `from` to `to` (`to <= from`; equal: the node as it is): what [`Fragmentation::eval`]
+    /// gives for the changed node, without sorting.
     pub fn after_one_change(&self, base: &ChangeBase, from: u32, to: u32) -> f64 {
-        let terms = LevelTerms {
-            idle: base.idle,
-            per_level: &base.per_level,
-        };
-        self.after_one_change_of(terms, &base.runs, from, to)
-    }
-
-    /// [`Fragmentation::after_one_change`] of a node's `terms`, with the classes that `runs`.
-    pub(super) fn after_one_change_of(&self, terms: LevelTerms<'_>, runs: &[bool], from: u32, to: u32) -> f64 {
-        // (A node without cards sums zeros: 0.0, as `eval` answers it.)
-        let idle = terms.idle - u64::from(from) + u64::from(to);
-        let mut total = 0.0;
-        for (c, &runs) in self.classes.iter().zip(runs) {
-            let frag = self.class_fragments(c, runs, terms, idle, (from, to));
-            // Exact either way (far below 2^53), and one instruction where `u64` takes several.
-            total += c.weight * (frag as i64) as f64;
-        }
-        total
-    }
-
-    /// Class `c`'s fragments on the node of `terms` once one card's free compute goes from
-    /// `from` to `to` (`idle`: the node's idle compute then): the free compute of the cards with
-    /// less room than the class needs per card where enough cards have room and the class
-    /// `runs` there, else all of it.
-    #[inline]
-    fn class_fragments(
-        &self,
-        c: &Compiled,
-        runs: bool,
-        terms: LevelTerms<'_>,
-        idle: u64,
-        (from, to): (u32, u32),
-    ) -> u64 {
-        let Some(l) = c.level.filter(|_| runs) else {
-            return idle;
-        };
-        let g = self.levels[l];
-        let (room, fragments) = terms.per_level[l];
-        let room = room - u32::from(from >= g) + u32::from(to >= g);
-        if room as usize >= c.cards {
-            fragments - if from < g { u64::from(from) } else { 0 } + if to < g { u64::from(to) } else { 0 }
-        } else {
-            idle
-        }
-    }
-
-    /// [`Fragmentation::after_one_change_of`] for each of `froms` going to `from - core`,
-    /// written into `out` in order: the same sums to the bit, several cards at a time (each
-    /// card's sum is its own, in class order; the cards' sums run side by side).
-    pub(super) fn after_changes_of(
-        &self,
-        terms: LevelTerms<'_>,
-        runs: &[bool],
-        froms: &[u32],
-        core: u32,
-        out: &mut Vec<f64>,
-    ) {
-        const LANES: usize = 8;
-        out.clear();
-        for chunk in froms.chunks(LANES) {
-            let (mut idle, mut total) = ([0u64; LANES], [0.0f64; LANES]);
-            for (i, &from) in idle.iter_mut().zip(chunk) {
-                *i = terms.idle - u64::from(from) + u64::from(from - core);
-            }
-            for (c, &runs) in self.classes.iter().zip(runs) {
-                for (j, &from) in chunk.iter().enumerate() {
-                    let frag = self.class_fragments(c, runs, terms, idle[j], (from, from - core));
-                    total[j] += c.weight * (frag as i64) as f64;
-                }
-            }
-            out.extend_from_slice(&total[..chunk.len()]);
-        }
+        let mut table = ChangeTable::default();
+        self.change_table(&mut table, base.terms(), &base.runs);
+        self.change_after(&table, from, to)
     }
 
     /// Number of memoised node shapes.

@@ -5,22 +5,27 @@
 //! The general path ([`super::fit::plan_node`], then the node score of the plan) clones the
 //! node, builds a usage map and several card lists per node; for a pod shape new to every node
 //! that is most of a filter's cost. This path takes the same steps in the same order on the
-//! node as it is (same card rules, same refusals, same choice among cards, same floating-point
-//! arithmetic), so its verdicts are exactly the general path's (`tests::owned_shares_*`).
+//! node as it is (same card rules, same refusals, same choice among cards, the same exact
+//! fragmentation sums, then the same floating-point arithmetic), so its verdicts are exactly
+//! the general path's (`tests::owned_shares_*`).
 
 use std::sync::Arc;
 
 use super::evaluate::Evaluator;
 use super::fit::check_node_resources;
 use super::refusal::CardRefusal;
-use super::{CARD_MILLI, CardDemand, NodeAfter, PodDemand, PolicyKind, ShareOwner, ShareUser, fgd_score, fit};
+use super::{
+    CARD_MILLI, CardDemand, Fragmentation, NodeAfter, PodDemand, PolicyKind, ShareOwner, ShareUser, fgd_score, fit,
+};
 use super::{mosaic_card_score, node_score};
 
 /// The card the general path's chooser takes among `pool` (positions with room that admit the
-/// share), and its fragmentation after when the policy computed it.
+/// share), and the node's fragmentation after and now (with the classes that could run once the
+/// pod's CPU is taken) when the policy computed them.
 struct Pick {
     card: usize,
     frag_after: Option<f64>,
+    frag_now: Option<f64>,
 }
 
 /// The share of a one-container, one-phase share pod (compute, memory) and its owner: the form
@@ -77,12 +82,18 @@ impl Evaluator<'_> {
         };
         let (gpu_free, offering) = pool.map_err(|r| self.s.refusals.text(r))?;
         let cpu_after = node.cpu_free() - pod.cpu_milli;
+        let pick = self.pick_share_card(n, core, gpu_policy, cpu_after);
+        // The node as it is: where the pod's CPU leaves the same classes able to run, what the
+        // card's choice worked out (the same sum, to the bit).
         let before = if matches!(node_policy, PolicyKind::Fgd | PolicyKind::Mosaic) {
-            self.node_fragmentation(n)
+            let frag = &self.s.frag;
+            match pick.frag_now {
+                Some(now) if frag.cpu_rank(node.cpu_free()) == frag.cpu_rank(cpu_after) => now,
+                _ => self.node_fragmentation(n),
+            }
         } else {
             0.0
         };
-        let pick = self.pick_share_card(n, core, gpu_policy, cpu_after);
         let after = NodeAfter {
             cpu_free: cpu_after,
             cpu_total: node.cpu_milli,
@@ -247,7 +258,11 @@ impl Evaluator<'_> {
         let node = &cluster.nodes[n];
         let s = &mut *self.s;
         let pool = &s.pool;
-        let only = |card| Pick { card, frag_after: None };
+        let only = |card| Pick {
+            card,
+            frag_after: None,
+            frag_now: None,
+        };
         // One card: no choice to make, but the fragmentation policies weigh it below from the
         // node's terms (kept ones are read where the card states are not).
         if pool.len() == 1 && !matches!(policy, PolicyKind::Fgd | PolicyKind::Mosaic) {
@@ -266,9 +281,10 @@ impl Evaluator<'_> {
                 only(*with_free().min_by_key(|&(&i, &free)| (free, i)).expect("non-empty").0)
             }
             PolicyKind::Fgd | PolicyKind::Mosaic => {
-                // Each card tried changes one card: `after_one_change_of` gives what a full
-                // evaluation of the changed node gives, to the bit. The node's terms are kept
-                // while it does not change; which classes could run depends on the pod's CPU.
+                // Each card tried changes one card: the node's table of one-card changes gives
+                // what a full evaluation of the changed node gives, to the bit. The node's terms
+                // are kept while it does not change; which classes could run depends on the
+                // pod's CPU.
                 let kept = self.terms.get(n);
                 let (model, cards) = match kept {
                     Some(k) => (k.model, k.offering),
@@ -292,26 +308,12 @@ impl Evaluator<'_> {
                         s.base.terms()
                     }
                 };
-                // The node as it is: its remembered fragmentation where the pod's CPU leaves
-                // the same classes able to run (the same sum, to the bit).
-                let before = self
-                    .node_frag
-                    .get(n)
-                    .filter(|_| s.frag.cpu_rank(node.cpu_free()) == key.2)
-                    .unwrap_or_else(|| s.frag.after_one_change_of(terms, &s.runs, 0, 0));
-                // Cards with the same free compute score the same, and the first of equals is
-                // kept: each free compute is evaluated once, all of them in one pass.
-                s.froms.clear();
-                s.firsts.clear();
-                for (&c, &(cf, _)) in pool.iter().zip(&s.pool_free) {
-                    if !s.froms.contains(&cf) {
-                        s.froms.push(cf);
-                        s.firsts.push(c);
-                    }
-                }
-                s.frag.after_changes_of(terms, &s.runs, &s.froms, core, &mut s.afters);
+                s.frag.change_table(&mut s.table, terms, &s.runs);
+                let before = Fragmentation::change_now(&s.table);
+                // The first of the best cards is kept, as the general path's chooser keeps it.
                 let mut best = (f64::NEG_INFINITY, pool[0], f64::NAN);
-                for ((&cf, &c), &fa) in s.froms.iter().zip(&s.firsts).zip(&s.afters) {
+                for (&c, &(cf, _)) in pool.iter().zip(&s.pool_free) {
+                    let fa = s.frag.change_after(&s.table, cf, cf - core);
                     let score = if policy == PolicyKind::Fgd {
                         fgd_score(before, fa)
                     } else {
@@ -324,6 +326,7 @@ impl Evaluator<'_> {
                 Pick {
                     card: best.1,
                     frag_after: Some(best.2).filter(|f| !f.is_nan()),
+                    frag_now: Some(before),
                 }
             }
         }
