@@ -56,23 +56,29 @@ impl ChangeTable {
     pub(super) fn fill(&mut self, groups: &[Group], terms: LevelTerms<'_>, runs: &Runs) {
         self.idle = terms.idle as i64;
         self.idle_units = runs.idle_units;
-        self.below.clear();
-        self.below.reserve(terms.per_level.len() + 1);
+        let levels = terms.per_level.len();
+        self.below.resize(levels + 1, [0; 5]);
+        let below = &mut self.below[..=levels];
         let mut sums: Sums = [0; 5];
-        self.below.push(sums);
-        let mut groups = groups.iter().zip(&runs.units).peekable();
-        for (level, &(room, fragments)) in terms.per_level.iter().enumerate() {
-            let fragments = fragments as i64;
-            while let Some((g, &units)) = groups.next_if(|(g, _)| g.level == level) {
-                let room_units = units * i64::from(room as usize >= g.cards);
-                let spare_units = units * i64::from(room as usize > g.cards);
-                sums[ALL] += units;
-                sums[ROOM] += room_units;
-                sums[ROOM_FRAGMENTS] += room_units * fragments;
-                sums[SPARE] += spare_units;
-                sums[SPARE_FRAGMENTS] += spare_units * fragments;
+        // The rows before `next` are written: each takes the sums of the levels below it.
+        let mut next = 0;
+        for (g, &units) in groups.iter().zip(&runs.units) {
+            while next <= g.level {
+                below[next] = sums;
+                next += 1;
             }
-            self.below.push(sums);
+            let (room, fragments) = terms.per_level[g.level];
+            let fragments = fragments as i64;
+            let room_units = units * i64::from(room as usize >= g.cards);
+            let spare_units = units * i64::from(room as usize > g.cards);
+            sums[ALL] += units;
+            sums[ROOM] += room_units;
+            sums[ROOM_FRAGMENTS] += room_units * fragments;
+            sums[SPARE] += spare_units;
+            sums[SPARE_FRAGMENTS] += spare_units * fragments;
+        }
+        for row in &mut below[next..] {
+            *row = sums;
         }
     }
 
