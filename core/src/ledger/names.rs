@@ -42,10 +42,23 @@ impl NameList {
         })
     }
 
-    /// Whether the list is exactly `names`, in order.
+    /// Whether the list is exactly `names`, in order (compared as bytes: the names need not be
+    /// read back as text).
     pub fn is(&self, names: &[&str]) -> bool {
-        let mut mine = self.iter();
-        names.iter().all(|n| mine.next() == Some(*n)) && mine.next().is_none()
+        let mut buf = self.0.as_slice();
+        for n in names {
+            let Some((len, rest)) = buf.split_first_chunk::<4>() else {
+                return false;
+            };
+            let Some((name, rest)) = rest.split_at_checked(u32::from_le_bytes(*len) as usize) else {
+                return false;
+            };
+            if name != n.as_bytes() {
+                return false;
+            }
+            buf = rest;
+        }
+        buf.is_empty()
     }
 }
 
