@@ -245,14 +245,17 @@ proptest::proptest! {
                 proptest::prop_assert_eq!(f.after_one_change(&base, from, to).to_bits(), want.to_bits());
             }
         }
-        // One table for the node, read for each card in turn, and the node as it is from it.
+        // One table for the node, read for each card in turn (as a share's card choice reads
+        // it), and the node as it is from it: each the definition's bits.
         let mut table = ChangeTable::default();
         f.change_table(&mut table, base.terms(), &base.runs);
         proptest::prop_assert_eq!(Fragmentation::change_now(&table).to_bits(), want.to_bits());
         let core = frees.iter().copied().min().unwrap_or(0) / 2;
-        for &from in &frees {
-            let alone = f.after_one_change(&base, from, from - core);
-            proptest::prop_assert_eq!(f.change_after(&table, from, from - core).to_bits(), alone.to_bits());
+        for (i, &from) in frees.iter().enumerate() {
+            let mut changed = frees.clone();
+            changed[i] = from - core;
+            let want = by_definition(&w, &cluster, model, cpu_free * 1000, &changed);
+            proptest::prop_assert_eq!(f.change_after(&table, from, from - core).to_bits(), want.to_bits());
         }
     }
 }
