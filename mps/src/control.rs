@@ -82,13 +82,15 @@ pub enum ControlError {
     },
     /// The daemon does not hold a ceiling just set.
     #[error(
-        "the daemon holds {held_percentage}% and {held_memory:?} after being set to {percentage}% and {memory_mib} MiB"
+        "the daemon holds {held_percentage}% and {held_memory:?} (client priority {held_priority:?}) after being set to {percentage}% and {memory_mib} MiB (client priority {NORMAL_PRIORITY})"
     )]
     NotHeld {
         /// The percentage it holds.
         held_percentage: f64,
         /// The memory limit it prints.
         held_memory: String,
+        /// The default client priority it prints.
+        held_priority: String,
         /// The percentage set.
         percentage: u32,
         /// The memory set, MiB.
@@ -281,12 +283,17 @@ impl ClientReply {
 
 /// Whether the daemon always prints something for `cmd`, so that an empty answer means the
 /// command was not carried out. Seen on the real 535 daemon: the default percentage, read or
-/// set, is always printed; `get_server_list` with no servers, the default memory limit when
-/// none is set, its set and a privileged `quit` print nothing.
+/// set, and the default client priority read are always printed; `get_server_list` with no
+/// servers, the default memory limit when none is set, its set, the priority's set and a
+/// privileged `quit` print nothing.
 pub fn answers(cmd: &str) -> bool {
     matches!(
         cmd.split_whitespace().next(),
-        Some("get_default_active_thread_percentage" | "set_default_active_thread_percentage")
+        Some(
+            "get_default_active_thread_percentage"
+                | "set_default_active_thread_percentage"
+                | "get_default_client_priority"
+        )
     )
 }
 
@@ -305,27 +312,47 @@ pub fn shown(mib: u64) -> String {
     }
 }
 
+/// The daemon's defaults for the servers and clients it starts, as it answers them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Defaults {
+    /// The active thread percentage.
+    pub percentage: f64,
+    /// The memory limit as printed (empty when none is set).
+    pub memory: String,
+    /// The client priority as printed (`0` normal, `1` below normal).
+    pub priority: String,
+}
+
+impl Defaults {
+    /// Whether these are `ceiling`'s, memory at the resolution the daemon prints, with the
+    /// normal client priority.
+    pub fn hold(&self, ceiling: &MpsCeiling) -> bool {
+        holds(ceiling, &self.percentage.to_string(), &self.memory) && self.priority.trim() == NORMAL_PRIORITY
+    }
+}
+
 impl MpsBinaries {
-    /// The daemon's defaults for the servers it starts, as it answers them (device 0: the
-    /// daemon sees only its card): the percentage, and the memory limit as printed (empty when
-    /// none is set).
-    pub async fn defaults(
-        &self,
-        layout: &MpsLayout,
-        uuid: &str,
-        timeout: Duration,
-    ) -> Result<(f64, String), ControlError> {
+    /// The daemon's defaults for the servers and clients it starts, as it answers them
+    /// (device 0: the daemon sees only its card).
+    pub async fn defaults(&self, layout: &MpsLayout, uuid: &str, timeout: Duration) -> Result<Defaults, ControlError> {
         let pct = self
             .command(layout, uuid, "get_default_active_thread_percentage", timeout)
             .await?;
-        let pct: f64 = pct.trim().parse().map_err(|_| ControlError::Unexpected {
+        let percentage: f64 = pct.trim().parse().map_err(|_| ControlError::Unexpected {
             cmd: "get_default_active_thread_percentage".into(),
             answer: pct.clone(),
         })?;
-        let mem = self
+        let memory = self
             .command(layout, uuid, "get_default_device_pinned_mem_limit 0", timeout)
             .await?;
-        Ok((pct, mem))
+        let priority = self
+            .command(layout, uuid, "get_default_client_priority", timeout)
+            .await?;
+        Ok(Defaults {
+            percentage,
+            memory,
+            priority,
+        })
     }
 
     /// Sets the ceiling on the daemon (its defaults for new servers, and every running server)
@@ -349,10 +376,11 @@ impl MpsBinaries {
         }
         let (pct, mib) = limits(ceiling);
         match self.defaults(layout, uuid, timeout).await? {
-            (p, m) if (p - f64::from(pct)).abs() < 0.05 && m == shown(mib) => Ok(()),
-            (p, m) => Err(ControlError::NotHeld {
-                held_percentage: p,
-                held_memory: m,
+            d if d.hold(ceiling) => Ok(()),
+            d => Err(ControlError::NotHeld {
+                held_percentage: d.percentage,
+                held_memory: d.memory,
+                held_priority: d.priority,
                 percentage: pct,
                 memory_mib: mib,
             }),
@@ -405,13 +433,21 @@ fn limits(ceiling: &MpsCeiling) -> (u32, u64) {
     )
 }
 
+/// The default client priority the supervisor holds every card's daemon to: normal (`1` is
+/// below normal). A client that sets `1` through the control socket puts the card's later
+/// clients, other shares' among them, behind its own; the priority is put back with the
+/// ceiling.
+pub const NORMAL_PRIORITY: &str = "0";
+
 /// The commands that set `ceiling` as the daemon's defaults, word for word as
-/// [`MpsBinaries::apply_ceiling`] sends them.
-pub fn default_commands(ceiling: &MpsCeiling) -> [String; 2] {
+/// [`MpsBinaries::apply_ceiling`] sends them: the percentage, the memory limit (index 1) and
+/// the normal client priority.
+pub fn default_commands(ceiling: &MpsCeiling) -> [String; 3] {
     let (pct, mib) = limits(ceiling);
     [
         format!("set_default_active_thread_percentage {pct}"),
         format!("set_default_device_pinned_mem_limit 0 {mib}M"),
+        format!("set_default_client_priority {NORMAL_PRIORITY}"),
     ]
 }
 
@@ -470,9 +506,26 @@ mod tests {
             default_commands(&c),
             [
                 "set_default_active_thread_percentage 30",
-                "set_default_device_pinned_mem_limit 0 8192M"
+                "set_default_device_pinned_mem_limit 0 8192M",
+                "set_default_client_priority 0"
             ]
         );
+        // The daemon's defaults, priority included.
+        let d = |pct: f64, mem: &str, priority: &str| Defaults {
+            percentage: pct,
+            memory: mem.into(),
+            priority: priority.into(),
+        };
+        assert!(d(30.0, "8G", "0").hold(&c));
+        assert!(d(30.0, "8G\n", "0\n").hold(&c));
+        for off in [
+            d(30.0, "8G", "1"),
+            d(30.0, "8G", ""),
+            d(100.0, "8G", "0"),
+            d(30.0, "9G", "0"),
+        ] {
+            assert!(!off.hold(&c), "{off:?}");
+        }
         assert_eq!(
             server_commands(&c, "4242"),
             [

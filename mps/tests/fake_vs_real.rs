@@ -111,6 +111,14 @@ fn observe(control: &Path) -> Observed {
         ("get_default_device_pinned_mem_limit 0 (cleared)", None),
         ("set_active_thread_percentage 4242 20", None),
         ("set_device_pinned_mem_limit 4242 0 2G", None),
+        // Any client sets the default client priority (the supervisor puts it back).
+        ("get_default_client_priority", None),
+        ("set_default_client_priority 1", Some(65534)),
+        ("get_default_client_priority (1)", None),
+        ("set_default_client_priority 2", None),
+        ("get_default_client_priority (after 2)", None),
+        ("set_default_client_priority 0x", None),
+        ("get_default_client_priority (0)", None),
     ] {
         // Repeated queries are told apart by a note in brackets, not sent.
         let sent = cmd.split(" (").next().unwrap();
@@ -210,6 +218,11 @@ fn the_fake_control_daemon_behaves_as_the_real_one() {
     assert_eq!(
         real.answers["quit (root, control only)"].0,
         "Not enough privilege to execute quit command"
+    );
+    assert_eq!(real.answers["get_default_client_priority (1)"].0, "1");
+    assert_eq!(
+        real.answers["set_default_client_priority 2"].0,
+        "Invalid priority value - must be 0 or 1!"
     );
     assert!(real.client_blocks_on_a_hung_daemon && real.logs_start_on_stdout);
     assert_eq!(fake, real);

@@ -474,8 +474,9 @@ fn ask_raw(b: Branch, dir: &Path, cmd: &[u8], uid: Option<u32>) -> String {
     // The daemon serves one control connection at a time: a client that meets it busy (the
     // supervisor putting a ceiling back) is told "Cannot send command", or exits 0 having said
     // nothing and done nothing, and tries again. Every command this file sends prints an answer
-    // but the memory limit's set.
-    let silent = cmd.starts_with(b"set_default_device_pinned_mem_limit");
+    // but the sets of the memory limit and of the client priority.
+    let silent =
+        cmd.starts_with(b"set_default_device_pinned_mem_limit") || cmd.starts_with(b"set_default_client_priority");
     for _ in 0..200 {
         let mut c = Command::new(control(b));
         c.env("CUDA_MPS_PIPE_DIRECTORY", dir)
@@ -763,6 +764,8 @@ fn sent_after(log: &str, theirs: &str, own: &str) -> bool {
 /// (a trailing word, a forged log prefix, bytes that are no UTF-8) is put back within 2 s,
 /// health checks a minute apart; a memory limit that reads back as the ceiling (9215M reads
 /// 8G) too, where no read-back could see it: the daemon logs the supervisor's command after it.
+/// So is the default client priority set below normal (the card's later clients, other
+/// shares' among them, behind the tenant's own), plain or with a trailing word.
 #[test]
 fn a_limit_change_hidden_in_its_words_is_put_back() {
     use tessera_core::enforcement::MpsCeiling;
@@ -801,26 +804,31 @@ fn a_limit_change_hidden_in_its_words_is_put_back() {
             |s| pct() == "30.0" && applied(s) > before,
         );
     }
-    for theirs in [
-        "set_default_device_pinned_mem_limit 0 9215M x",
-        "set_default_device_pinned_mem_limit 0 9215M",
+    // Sets that answer nothing: each with the supervisor's command that must follow it, and
+    // the read-back after.
+    let memory = (
+        "set_default_device_pinned_mem_limit 0 8192M",
+        "get_default_device_pinned_mem_limit 0",
+        "8G",
+    );
+    let priority = ("set_default_client_priority 0", "get_default_client_priority", "0");
+    for (theirs, (own, read, held)) in [
+        ("set_default_device_pinned_mem_limit 0 9215M x", memory),
+        ("set_default_device_pinned_mem_limit 0 9215M", memory),
+        ("set_default_client_priority 1", priority),
+        ("set_default_client_priority 1 x", priority),
     ] {
         let before = applied(&s);
         ask_in(&tenant, theirs, Some(65534));
         // Read only once the re-apply is done: the daemon serves one control connection, and
         // a command that meets another in progress may be dropped unanswered (a set's too).
-        s.wait(
-            &format!("the ceiling set after {theirs:?}"),
-            Duration::from_secs(2),
-            |s| sent_after(&s.log(), theirs, "set_default_device_pinned_mem_limit 0 8192M") && applied(s) > before,
-        );
-        assert_eq!(
-            ask(&s.layout, card, "get_default_device_pinned_mem_limit 0", None),
-            "8G"
-        );
+        s.wait(&format!("{own:?} after {theirs:?}"), Duration::from_secs(2), |s| {
+            sent_after(&s.log(), theirs, own) && applied(s) > before
+        });
+        assert_eq!(ask(&s.layout, card, read, None), held, "after {theirs:?}");
     }
     // Each was reported.
-    assert_eq!(reapplies(&s.log(), card).1, 5, "{}", s.log());
+    assert_eq!(reapplies(&s.log(), card).1, 7, "{}", s.log());
 }
 
 /// A memory limit's set answers nothing and reads back only to the GiB, and the daemon drops a
@@ -892,15 +900,12 @@ fn a_read_meeting_a_held_control_connection_waits_for_the_answer() {
         .enable_all()
         .build()
         .unwrap();
-    let read = || {
-        rt.block_on(binaries.command(
-            &s.layout,
-            &cards[0],
-            "get_default_active_thread_percentage",
-            Duration::from_secs(10),
-        ))
-    };
-    for round in 0..3 {
+    let read = |cmd: &str| rt.block_on(binaries.command(&s.layout, &cards[0], cmd, Duration::from_secs(10)));
+    let reads = [
+        ("get_default_active_thread_percentage", "1.0"),
+        ("get_default_client_priority", "0"),
+    ];
+    for (round, (cmd, answer)) in reads.iter().cycle().take(6).enumerate() {
         // A tenant's client connects and sends nothing for a while.
         let mut holder = Command::new(control(Branch::R535))
             .env("CUDA_MPS_PIPE_DIRECTORY", s.layout.client_dir(&cards[0]))
@@ -917,9 +922,9 @@ fn a_read_meeting_a_held_control_connection_waits_for_the_answer() {
         });
         let started = Instant::now();
         assert_eq!(
-            read().map_err(|e| e.to_string()),
-            Ok("1.0".to_string()),
-            "round {round}"
+            read(cmd).map_err(|e| e.to_string()),
+            Ok(answer.to_string()),
+            "round {round}: {cmd}"
         );
         assert!(
             started.elapsed() >= Duration::from_millis(300),

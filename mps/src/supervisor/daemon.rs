@@ -183,7 +183,7 @@ async fn check(
         let servers = config.binaries.server_limits(layout, uuid, timeout).await?;
         Ok::<_, crate::control::ControlError>((defaults, servers))
     };
-    let ((pct, mem), servers) = match read.await {
+    let (defaults, servers) = match read.await {
         Ok(held) => held,
         Err(e) => {
             *missed += 1;
@@ -194,13 +194,16 @@ async fn check(
     *missed = 0;
     state.checked_at = unix_secs(SystemTime::now());
     // Memory is compared at the resolution the daemon prints; the log reader sees the rest.
-    let off = if holds(&state.ceiling, &pct.to_string(), &mem) {
+    let off = if state.ceiling.as_ref().is_none_or(|c| defaults.hold(c)) {
         servers
             .into_iter()
             .find(|(_, p, m)| !holds(&state.ceiling, p, m))
             .map(|(pid, p, m)| format!("server {pid}: {p:?} and {m:?}"))
     } else {
-        Some(format!("defaults: {pct}% and {mem:?}"))
+        Some(format!(
+            "defaults: {}% and {:?}, client priority {:?}",
+            defaults.percentage, defaults.memory, defaults.priority
+        ))
     };
     if let Some(held) = off {
         warn!(uuid, held, ceiling = ?state.ceiling, "the MPS daemon's limits were changed by a client: setting them again");
