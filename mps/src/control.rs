@@ -98,6 +98,14 @@ pub enum ControlError {
     },
 }
 
+impl ControlError {
+    /// Whether the daemon let the command wait (no answer in time, or turned away as busy
+    /// until the time ran out), as against a client that failed or an answer not understood.
+    pub fn unanswered(&self) -> bool {
+        matches!(self, Self::NoAnswer { .. } | Self::TurnedAway { .. })
+    }
+}
+
 /// The driver's MPS programs and what they need to run (as this process sees them).
 #[derive(Debug, Clone)]
 pub struct MpsBinaries {

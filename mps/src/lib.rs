@@ -10,6 +10,7 @@
 pub mod card_dirs;
 pub mod compute_mode;
 pub mod control;
+pub mod held;
 pub mod leftover;
 pub mod namespace;
 pub mod status;

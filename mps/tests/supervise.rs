@@ -620,6 +620,21 @@ fn reapplies(log: &str, uuid: &str) -> (usize, u64) {
     warned(log, uuid, "changed by a client")
 }
 
+/// A tenant's control client of `b` on `card`, as uid 65534 through the link share containers
+/// get, its commands to come on its standard input.
+fn tenant_client(b: Branch, s: &Running, card: &str) -> Child {
+    use std::os::unix::process::CommandExt as _;
+    Command::new(control(b))
+        .env("CUDA_MPS_PIPE_DIRECTORY", s.layout.client_dir(card))
+        .uid(65534)
+        .gid(65534)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// A tenant floods its card's daemon with limit changes and server stops through one control
 /// client (the real daemon takes tens of thousands a second on one connection). The supervisor
 /// counts them and puts the ceiling back once per wake-up, not once per command, and reports
@@ -627,7 +642,6 @@ fn reapplies(log: &str, uuid: &str) -> (usize, u64) {
 /// daemon holds the ceiling and the supervisor is quiet.
 fn a_flood_of_limit_changes_is_answered_once(b: Branch) {
     use std::io::Write as _;
-    use std::os::unix::process::CommandExt as _;
     use tessera_core::enforcement::MpsCeiling;
     const N: u64 = 80_000;
     // One in ten a stop of a server that does not run.
@@ -655,15 +669,7 @@ fn a_flood_of_limit_changes_is_answered_once(b: Branch) {
     // 535 takes a default set from any uid; 550 refuses it to one that is not the daemon's, but
     // logs it all the same.
     let started = Instant::now();
-    let mut flood = Command::new(control(b))
-        .env("CUDA_MPS_PIPE_DIRECTORY", s.layout.client_dir(card))
-        .uid(65534)
-        .gid(65534)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut flood = tenant_client(b, &s, card);
     let lines: String = (0..N)
         .map(|i| match i % 10 {
             0 => "shutdown_server 4242\n",
@@ -933,6 +939,59 @@ fn a_read_meeting_a_held_control_connection_waits_for_the_answer() {
         release.join().unwrap();
         holder.wait().unwrap();
     }
+}
+
+/// A tenant's client that connects to the card's control socket and says nothing holds the
+/// daemon (it serves one connection at a time): the supervisor's checks went unanswered, and
+/// after three it restarted the daemon, stopping the card's MPS servers with it. Now a
+/// connection the daemon held through two unanswered checks is shut down from the daemon's
+/// side, named in a warning (the client's pid and uid): the same daemon answers again.
+fn a_client_holding_the_control_connection_is_cut(b: Branch) {
+    let dir = tempfile::tempdir().unwrap();
+    let cards = uuids("t4x2");
+    let s = Running::start_checking(dir.path(), "t4x2", b, 1);
+    s.wait("ready", Duration::from_secs(20), |s| cards.iter().all(|u| s.ready(u)));
+    let (card, pid) = (&cards[0], s.pid(&cards[0]));
+    let read = || {
+        ask_raw(
+            b,
+            &s.layout.pipe_dir(card),
+            b"get_default_active_thread_percentage",
+            Some(65534),
+        )
+    };
+    let answer = read();
+    // The tenant's client, as uid 65534 through the link share containers get: it connects
+    // and waits for a command on its standard input, which never comes.
+    let mut holder = tenant_client(b, &s, card);
+    let held_at = Instant::now();
+    let named = format!("client_pid={}", holder.id());
+    s.wait("the held connection cut", Duration::from_secs(30), |s| {
+        s.log().lines().any(|l| l.contains("cut it") && l.contains(&named))
+    });
+    let log = s.log();
+    let warning = log.lines().find(|l| l.contains(&named)).unwrap();
+    assert!(warning.contains("client_uid=65534"), "{warning}");
+    assert_eq!(read(), answer);
+    // Past the time three missed checks took to restart it (5 s each), the same daemon.
+    while held_at.elapsed() < Duration::from_secs(25) {
+        let st = s.state(card).unwrap();
+        assert_eq!((st.restarts, st.pid), (0, Some(pid as u32)), "{}", s.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!s.log().contains("stopped answering"), "{}", s.log());
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
+}
+
+#[test]
+fn a_client_holding_the_control_connection_is_cut_and_the_535_daemon_kept() {
+    a_client_holding_the_control_connection_is_cut(Branch::R535);
+}
+
+#[test]
+fn a_client_holding_the_control_connection_is_cut_and_the_550_daemon_kept() {
+    a_client_holding_the_control_connection_is_cut(Branch::R550);
 }
 
 /// A fixture that cannot be read is a typo that no later read will fix: the supervisor says so

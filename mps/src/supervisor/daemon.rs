@@ -11,6 +11,7 @@ use tracing::{info, warn};
 use super::ceiling::{Lowering, sync_ceiling};
 use super::output::{LastWords, with_last_words};
 use super::{Ended, SupervisorConfig, write};
+use crate::held::{self, Held, Outcome};
 use crate::tamper::Tally;
 
 /// The command the health check sends.
@@ -33,7 +34,7 @@ pub(super) async fn run(
     state.checked_at = unix_secs(SystemTime::now());
     write(config, uuid, state);
     info!(uuid, pid = state.pid, ceiling = ?state.ceiling, "MPS daemon ready");
-    let mut missed = 0;
+    let mut misses = Misses::default();
     let mut stops_reported = None;
     let mut lowering = Lowering::default();
     // Intervals, not sleeps in the select: a sleep made anew each turn would never end while
@@ -73,7 +74,7 @@ pub(super) async fn run(
                 }
             }
             _ = check_tick.tick() => {
-                if let Some(reason) = check(config, uuid, state, &tally, &mut missed).await {
+                if let Some(reason) = check(config, uuid, state, &tally, &mut misses).await {
                     let _ = child.kill().await;
                     return Ended::Failed { reason, ready_for: ready_since.elapsed() };
                 }
@@ -167,6 +168,14 @@ fn report_stops(uuid: &str, tally: &Tally, reported: &mut Option<Instant>) {
     }
 }
 
+/// The checks missed in a row, and the control connections the daemon had taken as the last
+/// of them began.
+#[derive(Debug, Default)]
+struct Misses {
+    count: u32,
+    held: Vec<Held>,
+}
+
 /// One health check: the daemon answers, and holds the ceiling on its defaults and on every
 /// running server (the backstop to the log reader: a client may have changed them through the
 /// control socket). Why the daemon must be restarted, when it must.
@@ -175,23 +184,40 @@ async fn check(
     uuid: &str,
     state: &mut MpsState,
     tally: &Tally,
-    missed: &mut u32,
+    misses: &mut Misses,
 ) -> Option<String> {
-    let (layout, timeout) = (&config.layout, config.command_timeout);
-    let read = async {
-        let defaults = config.binaries.defaults(layout, uuid, timeout).await?;
-        let servers = config.binaries.server_limits(layout, uuid, timeout).await?;
-        Ok::<_, crate::control::ControlError>((defaults, servers))
-    };
-    let (defaults, servers) = match read.await {
+    // The connections the daemon has taken now. One it still holds when this check goes
+    // unanswered, and held as the last check began, which failed too, has held it up through
+    // both: more than the time a command is given and a check's interval, where a command
+    // takes milliseconds.
+    let listed = state.pid.map(|pid| (pid, held::connections(pid)));
+    let mut read = read_limits(config, uuid).await;
+    if let (Err(e), Some((pid, now))) = (&read, &listed)
+        && e.unanswered()
+        && misses.count > 0
+    {
+        let suspects = match now {
+            Ok(now) => now.iter().filter(|h| misses.held.contains(h)).copied().collect(),
+            Err(e) => {
+                warn!(uuid, pid, error = %e, "cannot list the MPS daemon's control connections");
+                Vec::new()
+            }
+        };
+        if cut_held(uuid, *pid, suspects) > 0 {
+            // Free again: asked once more, it answers, and the misses end.
+            read = read_limits(config, uuid).await;
+        }
+    }
+    let (defaults, servers) = match read {
         Ok(held) => held,
         Err(e) => {
-            *missed += 1;
-            warn!(uuid, missed = *missed, error = %e, "MPS daemon check failed");
-            return (*missed >= config.max_missed).then(|| format!("stopped answering: {e}"));
+            misses.count += 1;
+            misses.held = listed.and_then(|(_, l)| l.ok()).unwrap_or_default();
+            warn!(uuid, missed = misses.count, error = %e, "MPS daemon check failed");
+            return (misses.count >= config.max_missed).then(|| format!("stopped answering: {e}"));
         }
     };
-    *missed = 0;
+    *misses = Misses::default();
     state.checked_at = unix_secs(SystemTime::now());
     // Memory is compared at the resolution the daemon prints; the log reader sees the rest.
     let off = if state.ceiling.as_ref().is_none_or(|c| defaults.hold(c)) {
@@ -215,6 +241,46 @@ async fn check(
     }
     write(config, uuid, state);
     None
+}
+
+/// The daemon's defaults and each running server's limits.
+async fn read_limits(
+    config: &SupervisorConfig,
+    uuid: &str,
+) -> Result<(crate::control::Defaults, Vec<(String, String, String)>), crate::control::ControlError> {
+    let (layout, timeout) = (&config.layout, config.command_timeout);
+    let defaults = config.binaries.defaults(layout, uuid, timeout).await?;
+    let servers = config.binaries.server_limits(layout, uuid, timeout).await?;
+    Ok((defaults, servers))
+}
+
+/// Shuts down `suspects`, connections daemon `pid` has held through two failed checks, if
+/// it still holds them. Each is named in a warning; how many were cut.
+fn cut_held(uuid: &str, pid: u32, suspects: Vec<Held>) -> usize {
+    let mut cut = 0;
+    for h in suspects {
+        match held::cut(pid, h) {
+            Ok(Outcome::Cut(peer)) => {
+                cut += 1;
+                warn!(
+                    uuid,
+                    client_pid = peer.pid,
+                    client_uid = peer.uid,
+                    client_cgroup = peer.cgroup.as_deref().unwrap_or("unknown"),
+                    "a client held the MPS daemon's control connection without a command through two \
+                     checks: cut it (the daemon serves one connection at a time)"
+                );
+            }
+            Ok(Outcome::Kept(peer)) => warn!(
+                uuid,
+                client_pid = peer.pid,
+                "the MPS daemon is held by a connection of a process it started: left"
+            ),
+            Ok(Outcome::Gone) => {}
+            Err(e) => warn!(uuid, fd = h.fd, error = %e, "cannot cut the MPS daemon's control connection"),
+        }
+    }
+    cut
 }
 
 /// Whether the daemon's answers are the ceiling set (true when none is: nothing to compare).
