@@ -22,6 +22,7 @@ const SCALARS: &[(&str, &str)] = &[
     ("/x-helm-cdi-dir-x", "{{ .Values.cdiDir }}"),
     ("/x-helm-driver-root-x", "{{ .Values.driverRoot }}"),
     ("731904213", "{{ .Values.replicas }}"),
+    ("731904214", "{{ .Values.percentageOfNodesToScore }}"),
 ];
 
 /// One combination of the choices that change the objects' shape.
@@ -75,6 +76,7 @@ impl Choice {
             cdi_dir: "/x-helm-cdi-dir-x".into(),
             dra: self.dra,
             exclusive_process: self.exclusive_process,
+            percentage_of_nodes_to_score: 731_904_214,
             ..ManifestOptions::default()
         }
     }
@@ -521,6 +523,11 @@ dra: {dra}
 # With shareEnforcement mps: put the cards MPS serves in exclusive-process compute mode, so a
 # process that goes around MPS is refused the card (costs: docs/operations.md).
 exclusiveProcess: {exclusive}
+# The share of the cluster's nodes the `tessera` scheduler looks at for each pod (0 to 100):
+# 100, every node, lets the extender weigh every node that could take the pod; 0 is
+# kube-scheduler's adaptive default, which leaves a pod unscheduled while the only cards that
+# fit it lie on nodes it did not look at.
+percentageOfNodesToScore: {percentage}
 ",
         image = d.image,
         scheduler_image = d.scheduler_image,
@@ -531,6 +538,7 @@ exclusiveProcess: {exclusive}
         cdi = d.cdi_dir,
         dra = d.dra,
         exclusive = d.exclusive_process,
+        percentage = d.percentage_of_nodes_to_score,
     )
 }
 
@@ -547,7 +555,7 @@ fn values_schema() -> String {
         "title": "Tessera chart values (tessera-manifests' flags)",
         "type": "object",
         "additionalProperties": false,
-        "required": ["image", "schedulerImage", "replicas", "driverRoot", "shareEnforcement", "nriSocket", "cdiDir", "dra", "exclusiveProcess"],
+        "required": ["image", "schedulerImage", "replicas", "driverRoot", "shareEnforcement", "nriSocket", "cdiDir", "dra", "exclusiveProcess", "percentageOfNodesToScore"],
         // Exclusive-process mode only with MPS.
         "if": {"properties": {"exclusiveProcess": {"const": true}}},
         "then": {"properties": {"shareEnforcement": {"const": "mps", "description": "exclusiveProcess needs shareEnforcement mps"}}},
@@ -560,7 +568,8 @@ fn values_schema() -> String {
             "nriSocket": {"type": "string", "pattern": format!("^/{WORD}*{LAST}$"), "description": "The runtime's NRI socket (an absolute path)"},
             "cdiDir": {"type": "string", "pattern": path, "description": "Where the runtime reads CDI specs (an absolute path)"},
             "dra": {"type": "boolean", "description": "Also install Tessera as a DRA driver (Kubernetes 1.34+)"},
-            "exclusiveProcess": {"type": "boolean", "description": "With MPS: the cards MPS serves in exclusive-process compute mode"}
+            "exclusiveProcess": {"type": "boolean", "description": "With MPS: the cards MPS serves in exclusive-process compute mode"},
+            "percentageOfNodesToScore": {"type": "integer", "minimum": 0, "maximum": 100, "description": "The share of nodes the tessera scheduler looks at per pod (100: every node; 0: kube-scheduler's adaptive default)"}
         }
     });
     serde_json::to_string_pretty(&schema).expect("schema serializes") + "\n"

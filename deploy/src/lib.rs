@@ -37,6 +37,11 @@ pub struct ManifestOptions {
     /// With MPS: put the cards MPS serves in exclusive-process compute mode, so a process that
     /// goes around MPS is refused the card (`tessera-mps-supervisor run --exclusive-process`).
     pub exclusive_process: bool,
+    /// The share of a cluster's nodes the `tessera` scheduler looks at for each pod (its
+    /// profile's `percentageOfNodesToScore`): 100, every node, so that the extender weighs
+    /// every node that could take the pod; 0, kube-scheduler's adaptive default (50% less a
+    /// point per 125 nodes, at least 5%, and at least 100 nodes: a tenth of 5,000).
+    pub percentage_of_nodes_to_score: u32,
 }
 
 impl Default for ManifestOptions {
@@ -54,6 +59,7 @@ impl Default for ManifestOptions {
             cdi_dir: "/var/run/cdi".into(),
             dra: false,
             exclusive_process: false,
+            percentage_of_nodes_to_score: 100,
         }
     }
 }

@@ -48,6 +48,13 @@ struct ManifestArgs {
     /// mode, so a process that goes around MPS is refused the card (costs: docs/operations.md).
     #[arg(long)]
     exclusive_process: bool,
+    /// The share of the cluster's nodes the `tessera` scheduler looks at for each pod, 0 to
+    /// 100: 100 (every node) lets the extender weigh every node that could take the pod; 0 is
+    /// kube-scheduler's adaptive default, which stops once its own checks have passed a share
+    /// of the nodes (a tenth of 5,000, at least 100), and leaves a pod unscheduled while the
+    /// only cards that fit it lie beyond them.
+    #[arg(long, default_value_t = 100)]
+    percentage_of_nodes_to_score: u32,
     /// Print only the KubeSchedulerConfiguration.
     #[arg(long)]
     scheduler_config: bool,
@@ -66,6 +73,11 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
         args.replicas >= 1,
         "--replicas must be at least 1, got {}",
         args.replicas
+    );
+    anyhow::ensure!(
+        args.percentage_of_nodes_to_score <= 100,
+        "--percentage-of-nodes-to-score must be 0 to 100, got {}",
+        args.percentage_of_nodes_to_score
     );
     // A DNS-1123 label, as Kubernetes wants namespace names.
     let ns = &args.namespace;
@@ -121,6 +133,7 @@ fn manifests(args: ManifestArgs) -> anyhow::Result<()> {
         cdi_dir: args.cdi_dir,
         dra: args.dra,
         exclusive_process: args.exclusive_process,
+        percentage_of_nodes_to_score: args.percentage_of_nodes_to_score,
         ..d
     };
     if let Some(dir) = &args.helm_chart {

@@ -24,7 +24,10 @@ const MIG_PROFILES: &[&str] = &[
     "4g.20gb", "4g.40gb", "4g.47gb", "7g.40gb", "7g.80gb", "7g.94gb",
 ];
 
-/// The KubeSchedulerConfiguration of the `tessera` scheduler profile.
+/// The KubeSchedulerConfiguration of the `tessera` scheduler profile. It looks at every node
+/// for a pod by default ([`ManifestOptions::percentage_of_nodes_to_score`]): kube-scheduler
+/// otherwise asks the extender about a sample of the nodes its own checks pass, which add a
+/// node's GPU resources up, and a pod whose only fitting card lies beyond the sample waits.
 pub fn scheduler_config(opts: &ManifestOptions) -> String {
     let mut managed = vec![RESOURCE_GPU_CORE.to_string(), RESOURCE_GPU_MEMORY.to_string()];
     managed.extend(MIG_PROFILES.iter().map(|p| format!("{RESOURCE_MIG_PREFIX}{p}")));
@@ -41,6 +44,7 @@ leaderElection:
   resourceNamespace: {ns}
 profiles:
 - schedulerName: {SCHEDULER_NAME}
+  percentageOfNodesToScore: {percentage}
 extenders:
 - urlPrefix: https://{EXTENDER}.{ns}.svc:{EXTENDER_PORT}/tessera
   tlsConfig:
@@ -58,7 +62,8 @@ extenders:
   ignorable: false
   managedResources:
 {managed}",
-        ns = opts.namespace
+        ns = opts.namespace,
+        percentage = opts.percentage_of_nodes_to_score,
     )
 }
 

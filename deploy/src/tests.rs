@@ -213,6 +213,8 @@ fn the_manifests_do_not_own_the_namespace() {
 fn the_scheduler_config_names_the_extender_and_every_resource() {
     let cfg: serde_json::Value = serde_yaml::from_str(&scheduler_config(&ManifestOptions::default())).unwrap();
     assert_eq!(cfg["apiVersion"], "kubescheduler.config.k8s.io/v1");
+    // Every node looked at for each pod (tests/tests/scheduler_sampling.rs shows why).
+    assert_eq!(cfg["profiles"][0]["percentageOfNodesToScore"], 100);
     let ext = &cfg["extenders"][0];
     // HTTPS, and the scheduler's client certificate: the verbs answer no one else.
     assert_eq!(

@@ -43,6 +43,10 @@ fn manifests_refuse_nonsense_naming_the_flag() {
             &["--cdi-dir", "etc/cdi"][..],
             "--cdi-dir=\"etc/cdi\": must be an absolute host path",
         ),
+        (
+            &["--percentage-of-nodes-to-score", "101"][..],
+            "--percentage-of-nodes-to-score must be 0 to 100, got 101",
+        ),
     ] {
         let (code, stderr, printed) = run(args);
         assert_eq!((code, printed), (Some(1), 0), "{args:?}: {stderr}");

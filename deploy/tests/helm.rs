@@ -41,7 +41,7 @@ fn template(namespace: &str, set: &[(&str, String)]) -> Result<String, String> {
         .env("HELM_DATA_HOME", std::env::temp_dir().join("tessera-helm-test/data"));
     for (k, v) in set {
         // Strings as strings; numbers and booleans as what they are.
-        let flag = if matches!(*k, "replicas" | "dra" | "exclusiveProcess") {
+        let flag = if matches!(*k, "replicas" | "dra" | "exclusiveProcess" | "percentageOfNodesToScore") {
             "--set"
         } else {
             "--set-string"
@@ -105,6 +105,7 @@ fn the_chart_renders_what_the_renderer_does_under_every_choice() {
                     cdi_dir: "/etc/cdi".into(),
                     dra,
                     exclusive_process,
+                    percentage_of_nodes_to_score: if dra { 0 } else { 35 },
                     ..ManifestOptions::default()
                 };
                 let set = [
@@ -117,6 +118,10 @@ fn the_chart_renders_what_the_renderer_does_under_every_choice() {
                     ("cdiDir", opts.cdi_dir.clone()),
                     ("dra", dra.to_string()),
                     ("exclusiveProcess", exclusive_process.to_string()),
+                    (
+                        "percentageOfNodesToScore",
+                        opts.percentage_of_nodes_to_score.to_string(),
+                    ),
                 ];
                 let chart = parse(&template(&opts.namespace, &set).unwrap());
                 let want = sorted(objects(&opts));
@@ -157,6 +162,9 @@ fn helm_refuses_bad_values_naming_them() {
         ("dra", "yes", "--set-string"),
         ("imagee", "x", "--set-string"),
         ("exclusiveProcess", "1", "--set-string"),
+        ("percentageOfNodesToScore", "101", "--set"),
+        ("percentageOfNodesToScore", "-1", "--set"),
+        ("percentageOfNodesToScore", "all", "--set-string"),
     ] {
         let out = Command::new(helm())
             .args(["template", "tessera"])

@@ -240,7 +240,14 @@ pub async fn install_with(c: &mut Cluster, setup: &Setup) -> anyhow::Result<Inst
         )
         .replace("/etc/tessera/extender-client", &client_dir.display().to_string());
     let sched_kc = sa_kubeconfig(c, "tessera-scheduler")?;
-    let config = format!("{}clientConnection:\n  kubeconfig: {}\n", config, sched_kc.display());
+    // One filter worker: kube-scheduler then looks at nodes in its list's order, and stops at
+    // the same ones each run (with several, which nodes it reaches first is a race); what it
+    // decides does not change. tests/tests/scheduler_sampling.rs needs the order.
+    let config = format!(
+        "{}clientConnection:\n  kubeconfig: {}\nparallelism: 1\n",
+        config,
+        sched_kc.display()
+    );
     let config_path = c.dir().join("tessera-scheduler.yaml");
     std::fs::write(&config_path, config)?;
     let mut cmd = c.command(c.kube_bin().join("kube-scheduler"));
