@@ -5,7 +5,7 @@
 //! it. A client that connects and says nothing (a tenant's, or one stopped or frozen while it
 //! spoke) would hold the card's daemon until the supervisor gave up on it and restarted it,
 //! stopping every MPS server of the card with it. Instead, a connection that the daemon held
-//! through two failed checks in a row is shut down from the daemon's side (the supervisor's
+//! through two unanswered checks in a row is shut down from the daemon's side (the supervisor's
 //! `daemon` module says when): the supervisor takes a
 //! copy of the daemon's descriptor (`pidfd_getfd`, as root) and shuts the socket down, so the
 //! daemon reads an end of input, closes it and serves the next client.

@@ -168,8 +168,8 @@ fn report_stops(uuid: &str, tally: &Tally, reported: &mut Option<Instant>) {
     }
 }
 
-/// The checks missed in a row, and the control connections the daemon had taken as the last
-/// of them began.
+/// The checks missed in a row, and the control connections the daemon held as the last of
+/// them went unanswered (none when it failed otherwise).
 #[derive(Debug, Default)]
 struct Misses {
     count: u32,
@@ -186,24 +186,21 @@ async fn check(
     tally: &Tally,
     misses: &mut Misses,
 ) -> Option<String> {
-    // The connections the daemon has taken now. One it still holds when this check goes
-    // unanswered, and held as the last check began, which failed too, has held it up through
-    // both: more than the time a command is given and a check's interval, where a command
-    // takes milliseconds.
-    let listed = state.pid.map(|pid| (pid, held::connections(pid)));
     let mut read = read_limits(config, uuid).await;
-    if let (Err(e), Some((pid, now))) = (&read, &listed)
+    // Unanswered: the connections the daemon holds now. One it held as the last check went
+    // unanswered too has held it up through this whole check and the interval before it,
+    // where a command takes milliseconds. (Listed only then: a daemon that answers costs no
+    // reading of /proc.)
+    let mut listed = Vec::new();
+    if let (Err(e), Some(pid)) = (&read, state.pid)
         && e.unanswered()
-        && misses.count > 0
     {
-        let suspects = match now {
-            Ok(now) => now.iter().filter(|h| misses.held.contains(h)).copied().collect(),
-            Err(e) => {
-                warn!(uuid, pid, error = %e, "cannot list the MPS daemon's control connections");
-                Vec::new()
-            }
-        };
-        if cut_held(uuid, *pid, suspects) > 0 {
+        listed = held::connections(pid).unwrap_or_else(|e| {
+            warn!(uuid, pid, error = %e, "cannot list the MPS daemon's control connections");
+            Vec::new()
+        });
+        let suspects = listed.iter().filter(|h| misses.held.contains(h)).copied().collect();
+        if cut_held(uuid, pid, suspects) > 0 {
             // Free again: asked once more, it answers, and the misses end.
             read = read_limits(config, uuid).await;
         }
@@ -212,7 +209,7 @@ async fn check(
         Ok(held) => held,
         Err(e) => {
             misses.count += 1;
-            misses.held = listed.and_then(|(_, l)| l.ok()).unwrap_or_default();
+            misses.held = listed;
             warn!(uuid, missed = misses.count, error = %e, "MPS daemon check failed");
             return (misses.count >= config.max_missed).then(|| format!("stopped answering: {e}"));
         }
@@ -254,7 +251,7 @@ async fn read_limits(
     Ok((defaults, servers))
 }
 
-/// Shuts down `suspects`, connections daemon `pid` has held through two failed checks, if
+/// Shuts down `suspects`, connections daemon `pid` has held through two unanswered checks, if
 /// it still holds them. Each is named in a warning; how many were cut.
 fn cut_held(uuid: &str, pid: u32, suspects: Vec<Held>) -> usize {
     let mut cut = 0;

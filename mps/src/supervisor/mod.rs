@@ -3,7 +3,7 @@
 //! A daemon is started in its own mount namespace, killed by the kernel if the supervisor dies
 //! ([`crate::namespace`]), checked every few seconds through a control command, restarted with
 //! exponential backoff when it dies or stops answering (a silent client connection that held it
-//! through two failed checks is cut first: [`crate::held`]), and stopped with `quit` on
+//! through two unanswered checks is cut first: [`crate::held`]), and stopped with `quit` on
 //! shutdown. A daemon left on the card's pipe directory by an earlier supervisor is stopped
 //! first ([`crate::leftover`]). The daemon's own output becomes log lines naming its card, without
 //! the chatter of control connections (`output`); the commands clients send it are read off
